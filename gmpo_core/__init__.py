@@ -1,0 +1,28 @@
+"""gmpo_core: Geometric-Mean Policy Optimization as pure functions of tensors.
+
+``gmpo_loss`` is the objective of arXiv 2507.20673 (Eq. 4); the building blocks it is composed
+of are public so that variants (the paper's ablations) take a few lines each. ``reference`` is an
+independent float64 NumPy implementation of the same contract, used by the tests.
+"""
+
+from gmpo_core.loss import GMPOOutput, gmpo_loss
+from gmpo_core.ops import (
+    ClipStats,
+    clip_log_ratio,
+    clip_metrics,
+    masked_geometric_mean,
+    sequence_kl,
+    trust_region_log_ratio,
+)
+
+__all__ = [
+    "ClipStats",
+    "GMPOOutput",
+    "clip_log_ratio",
+    "clip_metrics",
+    "gmpo_loss",
+    "masked_geometric_mean",
+    "sequence_kl",
+    "trust_region_log_ratio",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,147 @@
+"""Argument validation for the public functions.
+
+Everything here looks at shapes, dtypes and Python numbers only, so it never synchronizes with
+the device. Checks that must read tensor *values* live in :func:`check_values` and are opt-in.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+import torch
+from torch import Tensor
+
+
+def _fmt(t: Tensor) -> str:
+    return f"shape {tuple(t.shape)} and dtype {t.dtype}"
+
+
+def check_hyperparameters(
+    epsilon: float, epsilon_high: float | None, dual_clip: float | None = None
+) -> tuple[float, float, float | None]:
+    """Validate the clip range; return ``(eps_low, eps_high, log_dual_clip)``."""
+    eps_low = _positive_finite("epsilon", epsilon)
+    eps_high = eps_low if epsilon_high is None else _positive_finite("epsilon_high", epsilon_high)
+    log_dual = None
+    if dual_clip is not None:
+        if not _is_real(dual_clip) or not 1 < dual_clip < math.inf:
+            raise ValueError(
+                f"dual_clip must be a finite number > 1 (a cap on the ratio for negative "
+                f"advantages), got {dual_clip!r}"
+            )
+        log_dual = math.log(dual_clip)
+    return eps_low, eps_high, log_dual
+
+
+def check_beta(beta: float, ref_logp: Tensor | None) -> float:
+    if not _is_real(beta) or not 0 <= beta < math.inf:
+        raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
+    if beta != 0 and ref_logp is None:
+        raise ValueError(f"beta={beta} needs ref_logp (the reference policy's log-probs), got None")
+    return float(beta)
+
+
+def check_log_ratio_inputs(log_ratio: Tensor, advantages: Tensor, name: str = "log_ratio") -> None:
+    """Shapes and dtypes of a per-token (B, T) or per-row (B,) log-ratio and its advantages."""
+    _floating(name, log_ratio)
+    _real("advantages", advantages)
+    if advantages.dim() != 1 or log_ratio.dim() == 0 or advantages.shape[0] != log_ratio.shape[0]:
+        raise ValueError(
+            f"advantages must have shape (B,) with B = {name}.shape[0]; got advantages with "
+            f"{_fmt(advantages)} and {name} with {_fmt(log_ratio)}"
+        )
+
+
+def check_mask(mask: Tensor, like: Tensor, like_name: str) -> Tensor:
+    """Check the shape and dtype of a mask (bool, integer or floating 0/1); return it."""
+    if not isinstance(mask, Tensor):
+        raise ValueError(f"mask must be a tensor, got {type(mask).__name__}")
+    if mask.dtype.is_complex:
+        raise ValueError(f"mask must be bool, integer or real floating, got dtype {mask.dtype}")
+    if mask.shape != like.shape:
+        raise ValueError(
+            f"mask must have the shape of {like_name} {tuple(like.shape)}, got {tuple(mask.shape)}"
+        )
+    return mask
+
+
+def check_gmpo_inputs(
+    logp: Tensor,
+    old_logp: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    ref_logp: Tensor | None,
+    is_weights: Tensor | None,
+) -> Tensor:
+    """Validate the tensors of :func:`gmpo_core.gmpo_loss`; return the mask."""
+    _floating("logp", logp)
+    if logp.dim() != 2:
+        raise ValueError(f"logp must have shape (B, T), got {_fmt(logp)}")
+    for name, t in (("old_logp", old_logp), ("ref_logp", ref_logp)):
+        if t is not None:
+            _floating(name, t)
+            if t.shape != logp.shape:
+                raise ValueError(
+                    f"{name} must have the shape of logp {tuple(logp.shape)}, got {tuple(t.shape)}"
+                )
+    check_log_ratio_inputs(logp, advantages, name="logp")
+    if is_weights is not None:
+        _floating("is_weights", is_weights)
+        rows, cols = logp.shape
+        if tuple(is_weights.shape) not in ((rows,), (rows, 1), (rows, cols)):
+            raise ValueError(
+                f"is_weights must have shape (B,), (B, 1) or (B, T) = {(rows,)}, {(rows, 1)} or "
+                f"{(rows, cols)}, got {tuple(is_weights.shape)}"
+            )
+    return check_mask(mask, logp, "logp")
+
+
+def check_values(
+    logp: Tensor,
+    old_logp: Tensor | None,
+    mask: Tensor,
+    ref_logp: Tensor | None,
+    is_weights: Tensor | None,
+) -> None:
+    """Opt-in value checks (they synchronize with the device)."""
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError("mask must hold only 0 and 1 (or False and True)")
+    valid = mask != 0
+    for name, t in (("logp", logp), ("old_logp", old_logp), ("ref_logp", ref_logp)):
+        if t is not None and not bool(torch.where(valid, t.isfinite(), True).all()):
+            raise ValueError(f"{name} has non-finite values at valid (mask = 1) positions")
+    if is_weights is not None:
+        w_valid = (
+            valid
+            if is_weights.shape == mask.shape
+            else torch.ones_like(is_weights, dtype=torch.bool)
+        )
+        ok = torch.where(w_valid, is_weights.isfinite() & (is_weights >= 0), True)
+        if not bool(ok.all()):
+            raise ValueError("is_weights must be finite and >= 0 at valid positions")
+
+
+def _is_real(x: object) -> bool:
+    return isinstance(x, Real) and not isinstance(x, bool)
+
+
+def _positive_finite(name: str, x: object) -> float:
+    # comparisons rather than math.isfinite: NaN fails them too, and they trace under dynamo
+    if not _is_real(x) or not 0 < x < math.inf:  # type: ignore[operator]
+        raise ValueError(f"{name} must be a finite number > 0 (a log-space bound), got {x!r}")
+    return float(x)  # type: ignore[arg-type]
+
+
+def _floating(name: str, t: object) -> None:
+    if not isinstance(t, Tensor):
+        raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
+    if not t.dtype.is_floating_point:
+        raise ValueError(f"{name} must be a real floating tensor, got dtype {t.dtype}")
+
+
+def _real(name: str, t: object) -> None:
+    if not isinstance(t, Tensor):
+        raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
+    if t.dtype.is_complex or t.dtype == torch.bool:
+        raise ValueError(f"{name} must be a real (floating or integer) tensor, got dtype {t.dtype}")

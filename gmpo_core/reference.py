@@ -1,0 +1,314 @@
+"""Independent float64 NumPy reference of the GMPO loss contract (DESIGN.md §4-§6).
+
+Written from the design contract and the paper (Geometric-Mean Policy Optimization, arXiv
+2507.20673, Eq. 4) only. It never imports the torch implementation of this package, so the torch
+code can be tested against it. Everything is computed in float64; values at invalid positions are
+removed with ``np.where`` before any arithmetic, so NaN or ±inf there never matter.
+
+Paper objective (Eq. 4), per row i with advantage A_i and token ratios ρ_t = exp(r_t):
+
+    J_i = { Π_t | min(ρ_t·A_i, clip(ρ_t, e^-ε_l, e^ε_h)·A_i) | }^{1/|o_i|} · sgn(A_i)
+        = A_i · exp( Σ_t c_t / n_i )
+
+with the one-sided log-space trust region c_t = min(r_t, ε_h) for A_i ≥ 0 and
+c_t = max(r_t, −ε_l) for A_i < 0. The loss is −J, averaged over the B rows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+Float64Array = NDArray[np.float64]
+BoolArray = NDArray[np.bool_]
+
+VARIANTS: tuple[str, ...] = (
+    "token_clip",
+    "sequence_clip",
+    "no_clip",
+    "no_length_norm",
+    "grpo_arithmetic",
+)
+
+
+@dataclass(frozen=True)
+class ReferenceResult:
+    """Output of :func:`gmpo_loss`.
+
+    Shape:
+        per_sequence_loss: (B,); log_coef: (B,); grad_logp: (B, T);
+        stats["row_clip_low"], stats["row_clip_high"]: (B,); every other value is a float.
+    """
+
+    loss: float
+    per_sequence_loss: Float64Array
+    log_coef: Float64Array
+    grad_logp: Float64Array
+    metrics: dict[str, float]
+    stats: dict[str, float | Float64Array]
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _as_float64(x: ArrayLike, name: str) -> Float64Array:
+    a = np.asarray(x)
+    if a.dtype.kind not in "biuf":
+        raise ValueError(f"{name} must be a real (bool, int or float) array, got dtype {a.dtype}")
+    return a.astype(np.float64)
+
+
+def _check_epsilons(epsilon: float, epsilon_high: float | None) -> tuple[float, float]:
+    eps_h = epsilon if epsilon_high is None else epsilon_high
+    for name, value in (("epsilon", epsilon), ("epsilon_high", eps_h)):
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be finite and > 0, got {value}")
+    return float(epsilon), float(eps_h)
+
+
+def _check_inputs(
+    logp: ArrayLike, old_logp: ArrayLike | None, advantages: ArrayLike, mask: ArrayLike
+) -> tuple[Float64Array, Float64Array, Float64Array, BoolArray]:
+    """Convert and shape-check the four main inputs.
+
+    Shape:
+        logp, old_logp, mask: (B, T); advantages: (B,). Returns (logp, old_logp, adv, valid).
+    """
+    lp = _as_float64(logp, "logp")
+    if lp.ndim != 2:
+        raise ValueError(f"logp must have shape (B, T), got {lp.shape}")
+    olp = lp if old_logp is None else _as_float64(old_logp, "old_logp")
+    valid = _as_float64(mask, "mask") != 0
+    adv = _as_float64(advantages, "advantages")
+    for name, arr in (("old_logp", olp), ("mask", valid)):
+        if arr.shape != lp.shape:
+            raise ValueError(f"{name} must have the shape of logp {lp.shape}, got {arr.shape}")
+    if adv.shape != lp.shape[:1]:
+        raise ValueError(f"advantages must have shape ({lp.shape[0]},), got {adv.shape}")
+    return lp, olp, adv, valid
+
+
+def _masked_log_ratio(lp: Float64Array, olp: Float64Array, valid: BoolArray) -> Float64Array:
+    """r = logp − old_logp at valid positions, 0 elsewhere (selected before subtracting).
+
+    Shape:
+        lp, olp, valid: (B, T) -> (B, T).
+    """
+    with np.errstate(invalid="ignore", over="ignore"):  # inf − inf in A = 0 rows is allowed
+        return np.where(valid, lp, 0.0) - np.where(valid, olp, 0.0)
+
+
+def _trust_region(
+    r: Float64Array, adv: Float64Array, eps_l: float, eps_h: float, dual_clip: float | None
+) -> tuple[Float64Array, BoolArray, BoolArray, BoolArray]:
+    """Per-token one-sided log-space clip (DESIGN §5.1) and where each bound took effect.
+
+    c_t = min(r_t, ε_h) if A ≥ 0; max(r_t, −ε_l) if A < 0; with dual clip, for A < 0 also
+    min(c_t, log c). Clipped is strict: a token exactly on a bound is not clipped.
+
+    Shape:
+        r: (B, T); adv: (B,) -> c, clipped_low, clipped_high, clipped_dual: (B, T) each.
+        clipped_high includes A = 0 rows (they use the upper bound); metrics exclude them.
+    """
+    neg = (adv < 0)[:, None]  # (B, 1)
+    c = np.where(neg, np.maximum(r, -eps_l), np.minimum(r, eps_h))
+    clipped_low = neg & (r < -eps_l)
+    clipped_high = ~neg & (r > eps_h)
+    clipped_dual = np.zeros_like(clipped_low)
+    if dual_clip is not None:
+        log_c = math.log(dual_clip)
+        c = np.where(neg, np.minimum(c, log_c), c)
+        clipped_dual = neg & (r > log_c)
+    return c, clipped_low, clipped_high, clipped_dual
+
+
+# --------------------------------------------------------------------------- GMPO loss
+
+
+def gmpo_loss(
+    logp: ArrayLike,
+    old_logp: ArrayLike | None,
+    advantages: ArrayLike,
+    mask: ArrayLike,
+    *,
+    epsilon: float = 0.4,
+    epsilon_high: float | None = None,
+    beta: float = 0.0,
+    ref_logp: ArrayLike | None = None,
+    is_weights: ArrayLike | None = None,
+    dual_clip: float | None = None,
+) -> ReferenceResult:
+    """GMPO loss (paper Eq. 4, DESIGN §5), its closed-form gradient, stats and metrics.
+
+    per_sequence_loss_i = −A_i · exp(log_coef_i) · w_i + β · KL_i,
+    log_coef_i = Σ_t valid·c_t / max(n_i, 1),
+    KL_i = Σ_t valid·(expm1(d_t) − d_t) / max(n_i, 1),  d = ref_logp − logp,
+    loss = mean_i per_sequence_loss_i.
+    The policy term is exactly 0 where A_i = 0 or n_i = 0.
+
+    d loss / d logp_t = (1/B)·[−A_i·w_i·exp(log_coef_i)/n_i · u_t + β/n_i·(1 − exp(d_t))]
+    at valid tokens (u_t = 0 where the clip took effect, else 1), and 0 elsewhere.
+
+    Shape:
+        logp, old_logp, mask, ref_logp: (B, T); advantages: (B,);
+        is_weights: (B,), (B, 1) (row weights) or (B, T) (token weights; 0 removes the token).
+    """
+    eps_l, eps_h = _check_epsilons(epsilon, epsilon_high)
+    if not (math.isfinite(beta) and beta >= 0):
+        raise ValueError(f"beta must be finite and >= 0, got {beta}")
+    if dual_clip is not None and not dual_clip > 1:
+        raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+    lp, olp, adv, valid = _check_inputs(logp, old_logp, advantages, mask)
+    batch, length = lp.shape
+
+    ref = None if ref_logp is None else _as_float64(ref_logp, "ref_logp")
+    if ref is not None and ref.shape != lp.shape:
+        raise ValueError(f"ref_logp must have the shape of logp {lp.shape}, got {ref.shape}")
+    if beta != 0 and ref is None:
+        raise ValueError("ref_logp is required when beta != 0")
+
+    token_w = None
+    row_w = np.ones(batch)  # (B,)
+    if is_weights is not None:
+        isw = _as_float64(is_weights, "is_weights")
+        if isw.shape in ((batch,), (batch, 1)):  # (B, 1) is a row weight, even when T == 1
+            row_w = isw.reshape(batch)
+        elif isw.shape == (batch, length):
+            token_w = isw
+            valid = valid & (isw != 0)  # a zero-weight token is removed from the row
+        else:
+            raise ValueError(
+                f"is_weights must have shape ({batch},), ({batch}, 1) or {lp.shape}, "
+                f"got {isw.shape}"
+            )
+
+    n = valid.sum(axis=1).astype(np.float64)  # (B,)
+    n1 = np.maximum(n, 1.0)  # (B,)
+    active = (adv != 0) & (n > 0)  # (B,) rows that carry a policy term
+    r = _masked_log_ratio(lp, olp, valid)  # (B, T)
+    c, clipped_low, clipped_high, clipped_dual = _trust_region(r, adv, eps_l, eps_h, dual_clip)
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        log_coef = np.where(valid, c, 0.0).sum(axis=1) / n1  # (B,)
+        if token_w is not None:  # geometric mean of the token weights over valid tokens
+            row_w = np.exp(np.log(np.where(valid, token_w, 1.0)).sum(axis=1) / n1)  # (B,)
+        coef = np.exp(log_coef) * row_w  # (B,)
+        per_sequence_loss = np.where(active, -adv * coef, 0.0)  # (B,) policy term
+        unclipped = valid & ~(clipped_low | clipped_high | clipped_dual)  # (B, T)
+        grad = np.where(active[:, None] & unclipped, (-adv * coef / n1)[:, None], 0.0)  # (B, T)
+        kl_sum = None
+        if ref is not None and beta != 0:
+            d = np.where(valid, ref, 0.0) - np.where(valid, lp, 0.0)  # (B, T)
+            k = np.where(valid, np.expm1(d) - d, 0.0)  # (B, T) k3 estimator
+            kl_sum = float(k.sum())
+            per_sequence_loss = per_sequence_loss + beta * k.sum(axis=1) / n1
+            grad = grad + np.where(valid, -np.expm1(d), 0.0) * (beta / n1)[:, None]
+        grad = grad / batch
+
+    low_rows = (valid & clipped_low).sum(axis=1)  # (B,)
+    high_rows = (valid & clipped_high & (adv > 0)[:, None]).sum(axis=1)  # (B,) A = 0 excluded
+    row_clip_low, row_clip_high = low_rows / n1, high_rows / n1  # (B,)
+    num_tokens = float(n.sum())
+    r_min = float(np.min(np.where(valid, r, np.inf), initial=np.inf))  # +inf without tokens
+    r_max = float(np.max(np.where(valid, r, -np.inf), initial=-np.inf))  # -inf without tokens
+    num_dual = float((valid & clipped_dual).sum())
+    stats: dict[str, float | Float64Array] = {
+        "num_tokens": num_tokens,
+        "num_clipped_low": float(low_rows.sum()),
+        "num_clipped_high": float(high_rows.sum()),
+        "num_clipped_dual": num_dual,
+        "row_clip_low": row_clip_low,
+        "row_clip_high": row_clip_high,
+        "log_ratio_min": r_min,
+        "log_ratio_max": r_max,
+    }
+
+    tokens1 = max(num_tokens, 1.0)
+    low_mean = float(low_rows.sum()) / tokens1
+    high_mean = float(high_rows.sum()) / tokens1
+    nonempty = n > 0  # (B,)
+    any_rows, any_tokens = bool(nonempty.any()), num_tokens > 0
+    metrics: dict[str, float] = {
+        "clip_ratio/low_mean": low_mean,
+        "clip_ratio/high_mean": high_mean,
+        "clip_ratio/region_mean": low_mean + high_mean,
+        "clip_ratio/low_min": float(row_clip_low[nonempty].min()) if any_rows else math.nan,
+        "clip_ratio/high_max": float(row_clip_high[nonempty].max()) if any_rows else math.nan,
+        "log_ratio/min": r_min if any_tokens else math.nan,
+        "log_ratio/max": r_max if any_tokens else math.nan,
+    }
+    if kl_sum is not None:
+        stats["kl_sum"] = kl_sum
+        metrics["kl"] = kl_sum / tokens1
+    if dual_clip is not None:
+        metrics["clip_ratio/dual_mean"] = num_dual / tokens1
+
+    return ReferenceResult(
+        loss=float(np.mean(per_sequence_loss)),
+        per_sequence_loss=per_sequence_loss,
+        log_coef=log_coef,
+        grad_logp=grad,
+        metrics=metrics,
+        stats=stats,
+    )
+
+
+# --------------------------------------------------------------------------- ablations
+
+
+def variant_loss(
+    logp: ArrayLike,
+    old_logp: ArrayLike | None,
+    advantages: ArrayLike,
+    mask: ArrayLike,
+    *,
+    variant: str,
+    epsilon: float = 0.4,
+    epsilon_high: float | None = None,
+) -> float:
+    """Loss value of the paper's ablations (Sec. 4), with s_i = Σ_t valid·r_t / max(n_i, 1).
+
+    - "token_clip": GMPO itself, ``gmpo_loss(...).loss``.
+    - "sequence_clip": −A_i·exp(l_i), l_i = min(s_i, ε_h) if A_i ≥ 0 else max(s_i, −ε_l).
+    - "no_clip": −A_i·exp(s_i).
+    - "no_length_norm": −A_i·exp(Σ_t valid·c_t) (product of clipped ratios, no n-th root).
+    - "grpo_arithmetic": GRPO with ratio-space bounds, ρ = exp(r):
+      −Σ_t valid·min(ρ_t·A_i, clip(ρ_t, 1−ε_l, 1+ε_h)·A_i) / max(n_i, 1).
+    Rows with n_i = 0 or A_i = 0 contribute exactly 0; the loss is the mean over all B rows.
+
+    Shape:
+        logp, old_logp, mask: (B, T); advantages: (B,).
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; valid names: {', '.join(VARIANTS)}")
+    if variant == "token_clip":
+        return gmpo_loss(
+            logp, old_logp, advantages, mask, epsilon=epsilon, epsilon_high=epsilon_high
+        ).loss
+    eps_l, eps_h = _check_epsilons(epsilon, epsilon_high)
+    lp, olp, adv, valid = _check_inputs(logp, old_logp, advantages, mask)
+    n = valid.sum(axis=1).astype(np.float64)  # (B,)
+    n1 = np.maximum(n, 1.0)  # (B,)
+    r = _masked_log_ratio(lp, olp, valid)  # (B, T)
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        if variant == "grpo_arithmetic":
+            rho = np.exp(r)  # (B, T)
+            a = adv[:, None]  # (B, 1)
+            o = np.minimum(rho * a, np.clip(rho, 1.0 - eps_l, 1.0 + eps_h) * a)  # (B, T)
+            row = -np.where(valid, o, 0.0).sum(axis=1) / n1  # (B,)
+        else:
+            if variant == "no_length_norm":
+                c = _trust_region(r, adv, eps_l, eps_h, None)[0]  # (B, T)
+                log_coef = np.where(valid, c, 0.0).sum(axis=1)  # (B,)
+            else:
+                s = r.sum(axis=1) / n1  # (B,); r is 0 at invalid positions
+                if variant == "sequence_clip":
+                    s = np.where(adv >= 0, np.minimum(s, eps_h), np.maximum(s, -eps_l))
+                log_coef = s
+            row = -adv * np.exp(log_coef)  # (B,)
+        row = np.where((adv != 0) & (n > 0), row, 0.0)
+    return float(np.mean(row))

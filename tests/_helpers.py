@@ -1,0 +1,91 @@
+"""Shared test helpers: running both implementations on a drawn batch, and the tolerance table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from gmpo_core import GMPOOutput, gmpo_loss, reference
+from tests.strategies import Batch
+
+# One tolerance table per dtype: (rtol, atol) for values, and for gradients. atol for values is
+# multiplied by the scale of the terms summed (a sum is only as exact as its largest term).
+TOL: dict[torch.dtype, dict[str, tuple[float, float]]] = {
+    torch.float64: {"value": (1e-12, 1e-13), "grad": (1e-12, 1e-15)},
+    torch.float32: {"value": (2e-5, 1e-6), "grad": (2e-5, 1e-8)},
+    torch.bfloat16: {"value": (2e-5, 1e-6), "grad": (8e-3, 1e-8)},
+    torch.float16: {"value": (2e-5, 1e-6), "grad": (1e-3, 1e-7)},
+}
+
+
+def to_torch(batch: Batch, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+    """The batch as gmpo_loss arguments; logp is a leaf that requires grad."""
+    t = lambda a: torch.tensor(a).to(dtype)  # noqa: E731
+    args: dict[str, Any] = {
+        "logp": t(batch.logp).requires_grad_(),
+        "old_logp": t(batch.old_logp),
+        "advantages": torch.tensor(batch.advantages),
+        "mask": torch.tensor(batch.mask),
+    }
+    for k, v in batch.kwargs.items():
+        args[k] = t(v) if isinstance(v, np.ndarray) else v
+    return args
+
+
+def rounded(batch: Batch, dtype: torch.dtype) -> Batch:
+    """The batch with its floating arrays rounded to ``dtype`` (what the kernel actually reads)."""
+    r = lambda a: torch.tensor(a).to(dtype).to(torch.float64).numpy()  # noqa: E731
+    kw = {k: r(v) if isinstance(v, np.ndarray) else v for k, v in batch.kwargs.items()}
+    return Batch(r(batch.logp), r(batch.old_logp), batch.advantages, batch.mask, kw)
+
+
+def run(
+    batch: Batch, impl: str, dtype: torch.dtype = torch.float32
+) -> tuple[GMPOOutput, torch.Tensor]:
+    """Forward, and the gradient of ``loss`` with respect to ``logp``."""
+    args = to_torch(batch, dtype)
+    out = gmpo_loss(**args, impl=impl)
+    (grad,) = torch.autograd.grad(out.loss, args["logp"])
+    return out, grad
+
+
+def ref(batch: Batch) -> reference.ReferenceResult:
+    return reference.gmpo_loss(
+        batch.logp.astype(np.float64), batch.old_logp.astype(np.float64), batch.advantages, batch.mask,
+        **batch.kwargs,
+    )  # fmt: skip
+
+
+def assert_close(
+    actual: Any, expected: Any, dtype: torch.dtype, kind: str, scale: float = 1.0
+) -> None:
+    rtol, atol = TOL[dtype][kind]
+    a = actual.detach().double().numpy() if isinstance(actual, torch.Tensor) else np.asarray(actual)
+    if isinstance(expected, torch.Tensor):
+        expected = expected.detach().double().numpy()
+    np.testing.assert_allclose(
+        a, np.asarray(expected, dtype=np.float64), rtol=rtol, atol=atol * scale
+    )
+
+
+def valid_log_ratio(batch: Batch) -> np.ndarray:
+    """r at the valid positions (zero-weight tokens excluded), as float64."""
+    r = batch.logp.astype(np.float64) - batch.old_logp.astype(np.float64)
+    valid = batch.mask.copy()
+    w = batch.kwargs.get("is_weights")
+    if w is not None and w.ndim == 2 and w.shape[1] > 1:
+        valid &= w != 0
+    return r[valid]
+
+
+def well_conditioned(batch: Batch, margin: float = 1e-4) -> bool:
+    """No valid log-ratio within ``margin`` of a clip bound (where float32 and float64 may
+    legitimately disagree about which side of the bound a token is on)."""
+    kw = batch.kwargs
+    bounds = [-kw["epsilon"], kw.get("epsilon_high") or kw["epsilon"]]
+    if kw.get("dual_clip") is not None:
+        bounds.append(float(np.log(kw["dual_clip"])))
+    r = valid_log_ratio(batch)
+    return all(np.all(np.abs(r - b) > margin) for b in bounds)

@@ -1,0 +1,37 @@
+"""Test configuration: Hypothesis profiles and torch settings shared by the suite.
+
+Profiles: ``dev`` (fast, default), ``ci`` (300 examples a property, derandomized, what .ci/run
+uses) and ``nightly`` (3000 examples). Select with ``HYPOTHESIS_PROFILE=ci``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch._dynamo
+from hypothesis import HealthCheck, settings
+
+_common = dict(
+    deadline=None,  # the first call of the compiled path compiles
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+settings.register_profile("dev", max_examples=40, **_common)
+settings.register_profile("ci", max_examples=300, derandomize=True, **_common)
+settings.register_profile("nightly", max_examples=3000, **_common)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+# The suite exercises many kernel variants (dtypes, optional inputs) in one process: allow them
+# all to compile, and fail loudly instead of silently running a variant eagerly.
+torch._dynamo.config.recompile_limit = 64
+torch._dynamo.config.accumulated_recompile_limit = 512
+torch._dynamo.config.fail_on_recompile_limit_hit = True
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture(params=["eager", "compiled"], scope="session")
+def impl(request: pytest.FixtureRequest) -> str:
+    """Every property runs against both the eager and the fused, compiled path."""
+    return str(request.param)

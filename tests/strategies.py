@@ -1,0 +1,88 @@
+"""Hypothesis strategies for GMPO inputs, all in one place.
+
+Shapes are drawn first, then per-row lengths; masks are built from the lengths (plus optional
+holes, like TRL's ``tool_mask``), so failures shrink to short rows in small batches. Values are
+bounded float32 (|r| <= 20 at valid positions, DESIGN §5.9); edge cases (A = 0, empty rows, ratios
+far outside the clip range, zero rollout weights) are forced with ``sampled_from``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+F32 = dict(width=32, allow_nan=False, allow_infinity=False)
+
+advantage_values = st.one_of(st.sampled_from([0.0, 1.0, -1.0, 0.5, -2.0]), st.floats(-5, 5, **F32))
+# log-ratio offsets: mostly inside a typical clip range, sometimes far outside it
+log_ratio_values = st.one_of(
+    st.floats(-1, 1, **F32), st.floats(-10, 10, **F32), st.sampled_from([0.0, 3.0, -3.0])
+)
+weight_values = st.one_of(st.floats(0.0625, 3, **F32), st.just(0.0))
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One drawn GMPO call: numpy arrays (float32, mask bool) and keyword arguments."""
+
+    logp: np.ndarray
+    old_logp: np.ndarray
+    advantages: np.ndarray
+    mask: np.ndarray
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.logp.shape  # type: ignore[return-value]
+
+    def with_kwargs(self, **kw: Any) -> Batch:
+        return replace(self, kwargs={**self.kwargs, **kw})
+
+
+@st.composite
+def batches(
+    draw: st.DrawFn,
+    *,
+    max_b: int = 6,
+    max_t: int = 12,
+    min_size: int = 1,
+    beta: bool = True,
+    weights: bool = True,
+    dual: bool = True,
+    asymmetric: bool = True,
+) -> Batch:
+    b = draw(st.integers(min_size, max_b))
+    t = draw(st.integers(min_size, max_t))
+    lengths = np.array(draw(st.lists(st.integers(0, t), min_size=b, max_size=b)))
+    mask = np.arange(t)[None, :] < lengths[:, None]
+    if draw(st.booleans()):
+        mask &= ~draw(arrays(np.bool_, (b, t)))  # holes inside rows (tool calls, say)
+    logp = draw(arrays(np.float32, (b, t), elements=st.floats(-10, 0, **F32)))
+    delta = draw(arrays(np.float32, (b, t), elements=log_ratio_values))
+    old_logp = (logp - delta).astype(np.float32)
+    advantages = draw(arrays(np.float32, (b,), elements=advantage_values))
+
+    kwargs: dict[str, Any] = {"epsilon": draw(st.sampled_from([0.2, 0.4, 0.8, 1.7]))}
+    if asymmetric and draw(st.booleans()):
+        kwargs["epsilon_high"] = draw(st.sampled_from([0.1, 0.28, 0.6, 2.0]))
+    if beta and draw(st.booleans()):
+        kwargs["beta"] = draw(st.sampled_from([0.04, 0.5]))
+        ref_delta = draw(arrays(np.float32, (b, t), elements=st.floats(-2, 2, **F32)))
+        kwargs["ref_logp"] = (logp + ref_delta).astype(np.float32)
+    if weights:
+        kind = draw(st.sampled_from([None, "row", "row1", "token"]))
+        if kind is not None:
+            shape = {"row": (b,), "row1": (b, 1), "token": (b, t)}[kind]
+            kwargs["is_weights"] = draw(arrays(np.float32, shape, elements=weight_values))
+    if dual and draw(st.booleans()):
+        kwargs["dual_clip"] = draw(st.sampled_from([1.5, 3.0]))
+    return Batch(logp, old_logp, advantages, mask, kwargs)
+
+
+def garbage() -> st.SearchStrategy[float]:
+    """Values that must never matter at masked positions."""
+    return st.sampled_from([float("nan"), float("inf"), -float("inf"), 1e30, -1e30, 3e38])

@@ -1,0 +1,134 @@
+"""The compiled path: no graph break, few compilations across shapes, equal to eager."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
+
+from gmpo_core import fused, gmpo_loss
+
+SHAPES = [(2, 3), (4, 16), (3, 7), (8, 64), (5, 33), (16, 128), (7, 9)]
+
+
+def _inputs(
+    b: int, t: int, seed: int, dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    logp = (-torch.rand(b, t, generator=g) * 3).to(dtype).requires_grad_()
+    lengths = torch.randint(0, t + 1, (b,), generator=g)
+    return {
+        "logp": logp,
+        "old_logp": (logp.detach().float() + 0.5 * torch.randn(b, t, generator=g)).to(dtype),
+        "advantages": torch.randn(b, generator=g),
+        "mask": torch.arange(t)[None, :] < lengths[:, None],
+        "ref_logp": (logp.detach().float() + 0.3 * torch.randn(b, t, generator=g)).to(dtype),
+    }
+
+
+def test_fused_kernels_compile_without_graph_breaks_and_few_recompilations() -> None:
+    """fullgraph=True turns any graph break into an error; the counters bound recompilations."""
+    torch._dynamo.reset()
+    fwd, bwd = CompileCounterWithBackend("inductor"), CompileCounterWithBackend("inductor")
+    kernels = fused.Kernels(
+        fused.compile_kernels(fwd).forward, fused.compile_kernels(bwd).backward, compiled=True
+    )
+    for i, (b, t) in enumerate(SHAPES):
+        x = _inputs(b, t, seed=i)
+        out = fused.fused_gmpo(
+            x["logp"], x["old_logp"], x["advantages"], x["mask"], x["ref_logp"], None, None,
+            0.4, 0.4, None, 0.04, strict=True, kernels=kernels,
+        )  # fmt: skip
+        out.loss.backward()
+        assert torch.isfinite(x["logp"].grad).all()
+    assert len(SHAPES) >= 6
+    assert 1 <= fwd.frame_count <= 3, fwd.frame_count
+    assert 1 <= bwd.frame_count <= 3, bwd.frame_count
+
+
+def test_eager_path_traces_into_a_user_graph_without_breaks() -> None:
+    """Users who compile their whole step get the building blocks traced with it."""
+    torch._dynamo.reset()
+    cnt = CompileCounter()
+    loss_fn = functools.partial(gmpo_loss, impl="auto", beta=0.04, epsilon_high=0.28)
+
+    @torch.compile(backend=cnt, dynamic=True, fullgraph=True)
+    def step(logp, old_logp, advantages, mask, ref_logp):  # type: ignore[no-untyped-def]
+        out = loss_fn(logp, old_logp, advantages, mask, ref_logp=ref_logp)
+        return out.loss, out.stats.num_clipped_high
+
+    for i, (b, t) in enumerate(SHAPES):
+        x = _inputs(b, t, seed=i)
+        loss, _ = step(**x)
+        loss.backward()
+    assert cnt.frame_count <= 3, cnt.frame_count
+    assert cnt.op_count > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("weights", [None, "row", "token"])
+@pytest.mark.parametrize("dual_clip", [None, 2.0])
+def test_compiled_equals_eager_forward_and_backward(
+    dtype: torch.dtype, weights: str | None, dual_clip: float | None
+) -> None:
+    b, t = 6, 40
+    x = _inputs(b, t, seed=7, dtype=dtype)
+    g = torch.Generator().manual_seed(3)
+    kw: dict[str, object] = {
+        "beta": 0.1,
+        "ref_logp": x.pop("ref_logp"),
+        "dual_clip": dual_clip,
+        "epsilon_high": 0.3,
+    }
+    if weights == "row":
+        kw["is_weights"] = torch.rand(b, generator=g) * 2
+    elif weights == "token":
+        kw["is_weights"] = torch.where(
+            torch.rand(b, t, generator=g) < 0.2, 0.0, torch.rand(b, t, generator=g) + 0.5
+        )
+    upstream_ps, upstream_lc = torch.randn(b, generator=g), torch.randn(b, generator=g)
+    results = {}
+    for impl in ("eager", "compiled"):
+        out = gmpo_loss(**x, impl=impl, **kw)  # type: ignore[arg-type]
+        total = (out.per_sequence_loss * upstream_ps).sum() + (out.log_coef * upstream_lc).sum()
+        (grad,) = torch.autograd.grad(total, x["logp"])
+        results[impl] = (out, grad)
+    (e, ge), (c, gc) = results["eager"], results["compiled"]
+    torch.testing.assert_close(c.per_sequence_loss, e.per_sequence_loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(c.log_coef, e.log_coef, rtol=1e-6, atol=1e-6)
+    tol = {"rtol": 1e-6, "atol": 1e-7} if dtype == torch.float32 else {"rtol": 8e-3, "atol": 1e-6}
+    torch.testing.assert_close(gc, ge, **tol)
+    assert gc.dtype == dtype
+    assert c.metrics.keys() == e.metrics.keys()
+    for k in e.metrics:
+        torch.testing.assert_close(
+            c.metrics[k], e.metrics[k], rtol=1e-6, atol=1e-7, equal_nan=True, msg=k
+        )
+
+
+def test_compile_failure_is_a_clear_error_or_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """impl='compiled' raises a clear error; impl='auto' falls back to the eager kernels once."""
+
+    def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise torch._dynamo.exc.BackendCompilerFailed(lambda *a: None, RuntimeError("no compiler"))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fused, "_default_kernels", fused.Kernels(broken, broken, compiled=True))
+    x = _inputs(4, 8, seed=1)
+    x.pop("ref_logp")
+    with pytest.raises(RuntimeError, match=r"impl='compiled'.*torch.compile failed.*impl='eager'"):
+        gmpo_loss(**x, impl="compiled")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = gmpo_loss(**x, impl="auto")
+        out.loss.backward()
+        out2 = gmpo_loss(**x, impl="auto")
+    assert [
+        str(w.message) for w in caught if "torch.compile failed" in str(w.message)
+    ].__len__() == 1
+    assert fused._default_kernels is fused.EAGER_KERNELS
+    expected = gmpo_loss(**x, impl="eager")
+    torch.testing.assert_close(out2.loss, expected.loss)

@@ -1,0 +1,317 @@
+"""Property tests of gmpo_loss against the independent float64 reference (DESIGN §5, §6).
+
+Every property runs on both implementations (``impl`` fixture: the eager building blocks and the
+fused, compiled path).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from hypothesis import assume, example, given
+from hypothesis import strategies as st
+
+from gmpo_core import gmpo_loss
+from tests._helpers import (
+    assert_close,
+    ref,
+    rounded,
+    run,
+    to_torch,
+    valid_log_ratio,
+    well_conditioned,
+)
+from tests.strategies import Batch, batches, garbage
+
+METRIC_KEYS = {
+    "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
+    "clip_ratio/high_max", "log_ratio/min", "log_ratio/max",
+}  # fmt: skip
+
+
+def _scale(expected_per_seq: np.ndarray) -> float:
+    return float(max(1.0, np.abs(expected_per_seq).max(initial=0.0)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Values, gradients and metrics equal the reference
+# ---------------------------------------------------------------------------------------------
+
+
+@given(batches())
+@example(  # an empty row, an A = 0 row, and tokens far outside the clip range on both sides
+    Batch(
+        logp=np.array([[-1.0, -2.0, -3.0], [-1.0, -1.0, -1.0], [-0.5, -0.5, -9.0]], np.float32),
+        old_logp=np.array([[-1.5, -1.0, -3.0], [-4.0, -1.0, -1.0], [-0.5, -3.5, -2.0]], np.float32),
+        advantages=np.array([1.0, 0.0, -1.0], np.float32),
+        mask=np.array([[1, 1, 1], [1, 1, 0], [0, 0, 0]], bool),
+        kwargs={"epsilon": 0.4},
+    )
+)
+def test_matches_reference_float32(impl: str, batch: Batch) -> None:
+    assume(well_conditioned(batch))
+    out, grad = run(batch, impl)
+    exp = ref(batch)
+    scale = _scale(exp.per_sequence_loss)
+    assert out.loss.dtype == torch.float32 and out.loss.shape == ()
+    assert_close(out.per_sequence_loss, exp.per_sequence_loss, torch.float32, "value", scale)
+    assert_close(out.loss, exp.loss, torch.float32, "value", scale)
+    assert_close(out.log_coef, exp.log_coef, torch.float32, "value", 10.0)
+    assert_close(grad, exp.grad_logp, torch.float32, "grad", scale)
+    _assert_metrics_match(out, exp, batch)
+
+
+@given(batches(), st.sampled_from([torch.bfloat16, torch.float16]))
+def test_low_precision_inputs_match_reference(impl: str, batch: Batch, dtype: torch.dtype) -> None:
+    """bf16/fp16 inputs are computed in float32: compare with the reference on the rounded inputs;
+    the gradient comes back in the input dtype."""
+    exact = rounded(batch, dtype)
+    assume(well_conditioned(exact))
+    out, grad = run(batch, impl, dtype)
+    exp = ref(exact)
+    assert out.loss.dtype == torch.float32
+    assert grad.dtype == dtype
+    scale = _scale(exp.per_sequence_loss)
+    assume(np.all(np.abs(exp.grad_logp) < 6e4))  # fp16's range
+    assert_close(out.per_sequence_loss, exp.per_sequence_loss, dtype, "value", scale)
+    assert_close(grad, exp.grad_logp, dtype, "grad", scale)
+
+
+@given(batches(), st.data())
+def test_backward_with_random_upstream_gradient(
+    impl: str, batch: Batch, data: st.DataObject
+) -> None:
+    """d/dlogp of sum_i g_i * per_sequence_loss_i, for a random g, equals B * g_i * reference
+    gradient of row i (each row's loss depends on its own tokens only)."""
+    assume(well_conditioned(batch))
+    b = batch.shape[0]
+    g = np.array(
+        data.draw(st.lists(st.floats(-2, 2, width=32), min_size=b, max_size=b)), np.float32
+    )
+    args = to_torch(batch)
+    out = gmpo_loss(**args, impl=impl)
+    (grad,) = torch.autograd.grad((out.per_sequence_loss * torch.tensor(g)).sum(), args["logp"])
+    exp = ref(batch)
+    assert_close(
+        grad,
+        b * g[:, None] * exp.grad_logp,
+        torch.float32,
+        "grad",
+        _scale(exp.per_sequence_loss) * b,
+    )
+
+
+def _assert_metrics_match(out, exp, batch: Batch) -> None:  # type: ignore[no-untyped-def]
+    m = {k: v.item() for k, v in out.metrics.items()}
+    expected_keys = set(METRIC_KEYS)
+    if batch.kwargs.get("beta"):
+        expected_keys.add("kl")
+    if batch.kwargs.get("dual_clip") is not None:
+        expected_keys.add("clip_ratio/dual_mean")
+    assert set(m) == expected_keys == set(exp.metrics)
+    for key in expected_keys:
+        tol = 1e-4 if key == "kl" else 1e-6  # kl sums exp() of up to 2 over the batch
+        np.testing.assert_allclose(m[key], exp.metrics[key], rtol=tol, atol=1e-7, err_msg=key)
+    s = out.stats
+    assert s.num_tokens.item() == exp.stats["num_tokens"]
+    assert s.num_clipped_low.item() == exp.stats["num_clipped_low"]
+    assert s.num_clipped_high.item() == exp.stats["num_clipped_high"]
+    if batch.kwargs.get("dual_clip") is not None:
+        assert s.num_clipped_dual is not None
+        assert s.num_clipped_dual.item() == exp.stats["num_clipped_dual"]
+    else:
+        assert s.num_clipped_dual is None
+    np.testing.assert_allclose(s.row_clip_low.numpy(), exp.stats["row_clip_low"], rtol=1e-6)
+    np.testing.assert_allclose(s.row_clip_high.numpy(), exp.stats["row_clip_high"], rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Invariances
+# ---------------------------------------------------------------------------------------------
+
+
+@given(batches(), st.integers(1, 5), garbage(), st.data())
+def test_padding_invariance(
+    impl: str, batch: Batch, pad: int, junk: float, data: st.DataObject
+) -> None:
+    """Appending masked columns that hold NaN/inf/huge values changes nothing, and their
+    gradient is exactly 0."""
+    b, t = batch.shape
+
+    def padded(a: np.ndarray, fill: float | bool) -> np.ndarray:
+        return np.concatenate([a, np.full((b, pad), fill, a.dtype)], axis=1)
+
+    kw = dict(batch.kwargs)
+    if "ref_logp" in kw:
+        kw["ref_logp"] = padded(kw["ref_logp"], junk)
+    w = kw.get("is_weights")
+    if w is not None and w.ndim == 2 and w.shape[1] > 1:
+        kw["is_weights"] = padded(w, data.draw(st.sampled_from([junk, 1.0, 0.0])))
+    big = Batch(padded(batch.logp, junk), padded(batch.old_logp, -junk), batch.advantages,
+                padded(batch.mask, False), kw)  # fmt: skip
+    out, grad = run(batch, impl)
+    out_big, grad_big = run(big, impl)
+    scale = float(max(1.0, out.per_sequence_loss.abs().max().item()))
+    assert_close(
+        out_big.per_sequence_loss, out.per_sequence_loss.detach(), torch.float32, "value", scale
+    )
+    assert_close(out_big.log_coef, out.log_coef.detach(), torch.float32, "value")
+    assert_close(grad_big[:, :t], grad, torch.float32, "grad", scale)
+    assert torch.equal(grad_big[:, t:], torch.zeros(b, pad))
+    for k, v in out.metrics.items():
+        torch.testing.assert_close(out_big.metrics[k], v, equal_nan=True, msg=k)
+
+
+@given(batches(beta=False), garbage())
+def test_zero_advantage_rows_are_exactly_zero(impl: str, batch: Batch, junk: float) -> None:
+    """A = 0 rows: policy term and gradient exactly 0 whatever their log-ratios are, huge and
+    infinite included (NaN sits only where masked, DESIGN §5.9)."""
+    t = batch.shape[1]
+    zero = batch.advantages == 0
+    assume(zero.any())
+    logp = batch.logp.copy()
+    logp[zero & batch.mask.any(1), 0] = junk if np.isfinite(junk) or junk > 0 else -3e38
+    logp[~batch.mask & zero[:, None]] = np.nan
+    out, grad = run(Batch(logp, batch.old_logp, batch.advantages, batch.mask, batch.kwargs), impl)
+    assert torch.equal(out.per_sequence_loss[torch.tensor(zero)], torch.zeros(int(zero.sum())))
+    assert torch.equal(grad[torch.tensor(zero)], torch.zeros(int(zero.sum()), t))
+    assert torch.isfinite(grad).all()
+
+
+@given(batches(), st.randoms(use_true_random=False))
+def test_row_permutation_equivariance(impl: str, batch: Batch, rnd) -> None:  # type: ignore[no-untyped-def]
+    b = batch.shape[0]
+    perm = list(range(b))
+    rnd.shuffle(perm)
+    p = np.array(perm)
+    kw = {k: v[p] if isinstance(v, np.ndarray) else v for k, v in batch.kwargs.items()}
+    permuted = Batch(batch.logp[p], batch.old_logp[p], batch.advantages[p], batch.mask[p], kw)
+    out, grad = run(batch, impl)
+    out_p, grad_p = run(permuted, impl)
+    scale = float(max(1.0, out.per_sequence_loss.abs().max().item()))
+    assert_close(out_p.per_sequence_loss, out.per_sequence_loss[p], torch.float32, "value", scale)
+    assert_close(out_p.loss, out.loss, torch.float32, "value", scale)
+    assert_close(grad_p, grad[p], torch.float32, "grad", scale)
+
+
+@given(batches(), st.integers(2, 3))
+def test_duplicating_the_batch_leaves_the_loss_unchanged(impl: str, batch: Batch, k: int) -> None:
+    rep = lambda a: np.concatenate([a] * k, axis=0)  # noqa: E731
+    kw = {key: rep(v) if isinstance(v, np.ndarray) else v for key, v in batch.kwargs.items()}
+    big = Batch(rep(batch.logp), rep(batch.old_logp), rep(batch.advantages), rep(batch.mask), kw)
+    out, grad = run(batch, impl)
+    out_big, grad_big = run(big, impl)
+    scale = float(max(1.0, out.per_sequence_loss.abs().max().item()))
+    assert_close(out_big.loss, out.loss, torch.float32, "value", scale)
+    # each copy of a token carries 1/k of the gradient
+    assert_close(grad_big * k, torch.cat([grad] * k), torch.float32, "grad", scale)
+
+
+# ---------------------------------------------------------------------------------------------
+# On-policy: GMPO == GRPO (per-sequence token mean)
+# ---------------------------------------------------------------------------------------------
+
+
+@given(batches(beta=False, weights=False))
+def test_on_policy_loss_and_grpo_gradient(impl: str, batch: Batch) -> None:
+    args = to_torch(batch)
+    logp = args["logp"]
+    out = gmpo_loss(logp, logp.detach(), args["advantages"], args["mask"], impl=impl,
+                    **{k: v for k, v in batch.kwargs.items()})  # fmt: skip
+    (grad,) = torch.autograd.grad(out.loss, logp)
+    adv = args["advantages"].double()
+    nonempty = args["mask"].any(1)
+    expected = -(adv * nonempty).sum() / len(adv)
+    assert_close(out.loss, expected.item(), torch.float32, "value", float(adv.abs().sum()) + 1)
+    # GRPO, TRL loss_type="grpo": per token -A * ratio, token mean per row, mean over rows
+    mask = args["mask"].float()
+    ratio = torch.exp(logp - logp.detach())
+    grpo = (-(args["advantages"][:, None] * ratio * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()
+    (grpo_grad,) = torch.autograd.grad(grpo, logp)
+    assert_close(grad, grpo_grad, torch.float32, "grad")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact zeros, bounds, KL
+# ---------------------------------------------------------------------------------------------
+
+
+@given(batches())
+def test_clipped_tokens_empty_rows_and_zero_advantage_rows_get_zero_gradient(
+    impl: str, batch: Batch
+) -> None:
+    """Exact zeros: clipped tokens get no policy gradient, empty rows contribute nothing, A = 0
+    rows contribute nothing to the policy term."""
+    kw = {
+        k: v for k, v in batch.kwargs.items() if k not in ("beta", "ref_logp")
+    }  # policy term only
+    batch = Batch(batch.logp, batch.old_logp, batch.advantages, batch.mask, kw)
+    out, grad = run(batch, impl)
+    r = torch.tensor(batch.logp) - torch.tensor(batch.old_logp)
+    a = torch.tensor(batch.advantages)[:, None]
+    eps_l, eps_h = kw["epsilon"], kw.get("epsilon_high") or kw["epsilon"]
+    clipped = torch.where(a >= 0, r > eps_h, r < -eps_l)
+    if kw.get("dual_clip") is not None:
+        clipped |= (a < 0) & (r > float(np.log(kw["dual_clip"])))
+    assert torch.equal(grad[clipped], torch.zeros(int(clipped.sum())))
+    empty = torch.tensor(~batch.mask.any(1))
+    zero_adv = torch.tensor(batch.advantages == 0)
+    for rows in (empty, zero_adv):
+        assert torch.equal(out.per_sequence_loss[rows], torch.zeros(int(rows.sum())))
+        assert torch.equal(grad[rows], torch.zeros(int(rows.sum()), batch.shape[1]))
+    assert torch.equal(grad[torch.tensor(~batch.mask)], torch.zeros(int((~batch.mask).sum())))
+
+
+@given(batches(beta=False))
+def test_log_coef_respects_the_trust_region(impl: str, batch: Batch) -> None:
+    out, _ = run(batch, impl)
+    lc = out.log_coef.detach()
+    eps_l = batch.kwargs["epsilon"]
+    eps_h = batch.kwargs.get("epsilon_high") or eps_l
+    a = torch.tensor(batch.advantages)
+    ulp = lambda x: torch.finfo(torch.float32).eps * abs(x)  # noqa: E731
+    assert (lc[a > 0] <= eps_h + ulp(eps_h)).all()
+    assert (lc[a < 0] >= -eps_l - ulp(eps_l)).all()
+    if batch.kwargs.get("dual_clip") is not None:
+        log_c = float(np.log(batch.kwargs["dual_clip"]))
+        assert (lc[a < 0] <= log_c + ulp(log_c)).all()
+
+
+@given(batches(weights=False, dual=False), st.sampled_from([0.04, 1.0]))
+def test_kl_is_non_negative_and_zero_at_the_reference(impl: str, batch: Batch, beta: float) -> None:
+    kw = {k: v for k, v in batch.kwargs.items() if k not in ("beta", "ref_logp")}
+    zero_adv = Batch(batch.logp, batch.old_logp, np.zeros_like(batch.advantages), batch.mask, kw)
+    # with A = 0 the per-sequence loss is beta * KL_i alone
+    far = zero_adv.with_kwargs(beta=beta, ref_logp=batch.logp - 7.5 * np.sign(batch.logp + 5))
+    out, _ = run(far, impl)
+    assert (out.per_sequence_loss >= 0).all()
+    assert out.metrics["kl"] >= 0
+    same = zero_adv.with_kwargs(beta=beta, ref_logp=batch.logp.copy())
+    out, grad = run(same, impl)
+    assert torch.equal(out.per_sequence_loss, torch.zeros(batch.shape[0]))
+    assert out.metrics["kl"] == 0
+    assert torch.equal(grad, torch.zeros(batch.shape))
+
+
+@given(batches(weights=False, min_size=2))  # with T = 1 a (B, 1) weight is a row weight
+def test_zero_weight_tokens_are_removed_as_if_never_generated(impl: str, batch: Batch) -> None:
+    """A (B, T) rollout weight of 0 removes the token from the row (DESIGN §5.7): the same as
+    masking it out, with the remaining weights equal to 1."""
+    b, t = batch.shape
+    drop = np.zeros((b, t), bool)
+    drop[:, ::3] = True
+    weights = np.where(drop, 0.0, 1.0).astype(np.float32)
+    out_w, grad_w = run(batch.with_kwargs(is_weights=weights), impl)
+    masked = Batch(batch.logp, batch.old_logp, batch.advantages, batch.mask & ~drop, batch.kwargs)
+    out_m, grad_m = run(masked, impl)
+    assert torch.equal(out_w.per_sequence_loss, out_m.per_sequence_loss)
+    assert torch.equal(grad_w, grad_m)
+    assert out_w.metrics.keys() == out_m.metrics.keys()
+    for k in out_w.metrics:
+        torch.testing.assert_close(out_w.metrics[k], out_m.metrics[k], equal_nan=True, msg=k)
+
+
+def test_valid_log_ratio_helper_excludes_masked() -> None:
+    b = Batch(np.zeros((1, 2), np.float32), np.array([[1.0, 2.0]], np.float32), np.ones(1, np.float32),
+              np.array([[True, False]]), {"epsilon": 0.4})  # fmt: skip
+    assert valid_log_ratio(b).tolist() == [-1.0]

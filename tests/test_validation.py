@@ -1,0 +1,142 @@
+"""Bad input gets a ValueError naming the argument (DESIGN §5, "Bad input"); shape checks never
+synchronize with the device; value checks are opt-in."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from gmpo_core import (
+    clip_log_ratio,
+    clip_metrics,
+    gmpo_loss,
+    masked_geometric_mean,
+    sequence_kl,
+    trust_region_log_ratio,
+)
+
+B, T = 3, 5
+
+
+def good() -> dict[str, Any]:
+    return {
+        "logp": torch.zeros(B, T),
+        "old_logp": torch.zeros(B, T),
+        "advantages": torch.ones(B),
+        "mask": torch.ones(B, T, dtype=torch.bool),
+    }
+
+
+CASES: list[tuple[str, dict[str, Any], str]] = [
+    ("logp not 2-D", {"logp": torch.zeros(B * T)}, r"logp must have shape \(B, T\)"),
+    ("logp integer", {"logp": torch.zeros(B, T, dtype=torch.long)}, r"logp must be a real floating"),
+    ("logp complex", {"logp": torch.zeros(B, T, dtype=torch.complex64)}, r"logp must be a real floating"),
+    ("old_logp shape", {"old_logp": torch.zeros(B, T + 1)}, r"old_logp must have the shape of logp \(3, 5\), got \(3, 6\)"),
+    ("ref_logp shape", {"beta": 0.1, "ref_logp": torch.zeros(B + 1, T)}, r"ref_logp must have the shape of logp"),
+    ("advantages (B, T)", {"advantages": torch.ones(B, T)}, r"advantages must have shape \(B,\).*\(3, 5\)"),
+    ("advantages 0-d", {"advantages": torch.tensor(1.0)}, r"advantages must have shape \(B,\)"),
+    ("advantages wrong B", {"advantages": torch.ones(B + 1)}, r"advantages must have shape \(B,\) with B = logp.shape\[0\]"),
+    ("advantages complex", {"advantages": torch.ones(B, dtype=torch.complex64)}, r"advantages must be a real .*complex64"),
+    ("advantages bool", {"advantages": torch.ones(B, dtype=torch.bool)}, r"advantages must be a real"),
+    ("mask shape", {"mask": torch.ones(B, T - 1)}, r"mask must have the shape of logp \(3, 5\), got \(3, 4\)"),
+    ("mask complex", {"mask": torch.ones(B, T, dtype=torch.complex64)}, r"mask must be bool, integer or real floating"),
+    ("mask not a tensor", {"mask": [[1] * T] * B}, r"mask must be a tensor"),
+    ("epsilon 0", {"epsilon": 0.0}, r"epsilon must be a finite number > 0.*got 0.0"),
+    ("epsilon negative", {"epsilon": -0.2}, r"epsilon must be a finite number > 0"),
+    ("epsilon nan", {"epsilon": math.nan}, r"epsilon must be a finite number > 0"),
+    ("epsilon inf", {"epsilon": math.inf}, r"epsilon must be a finite number > 0"),
+    ("epsilon tensor", {"epsilon": torch.tensor(0.4)}, r"epsilon must be a finite number > 0"),
+    ("epsilon_high 0", {"epsilon_high": 0}, r"epsilon_high must be a finite number > 0"),
+    ("epsilon_high inf", {"epsilon_high": math.inf}, r"epsilon_high must be a finite number > 0"),
+    ("beta negative", {"beta": -0.1, "ref_logp": torch.zeros(B, T)}, r"beta must be a finite number >= 0, got -0.1"),
+    ("beta nan", {"beta": math.nan, "ref_logp": torch.zeros(B, T)}, r"beta must be a finite number >= 0"),
+    ("beta without ref_logp", {"beta": 0.1}, r"beta=0.1 needs ref_logp"),
+    ("dual_clip 1", {"dual_clip": 1.0}, r"dual_clip must be a finite number > 1"),
+    ("dual_clip 0.5", {"dual_clip": 0.5}, r"dual_clip must be a finite number > 1"),
+    ("dual_clip inf", {"dual_clip": math.inf}, r"dual_clip must be a finite number > 1"),
+    ("is_weights shape", {"is_weights": torch.ones(B, 2)}, r"is_weights must have shape \(B,\), \(B, 1\) or \(B, T\)"),
+    ("is_weights integer", {"is_weights": torch.ones(B, dtype=torch.long)}, r"is_weights must be a real floating"),
+    ("impl", {"impl": "fast"}, r"impl must be 'auto', 'compiled' or 'eager', got 'fast'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "override", "message"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input_raises_value_error_naming_the_argument(
+    case: str, override: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        gmpo_loss(**{**good(), **override})
+
+
+def test_good_input_passes() -> None:
+    out = gmpo_loss(**good(), impl="eager")
+    assert out.loss.item() == -1.0  # on-policy, A = 1 everywhere: -mean(A) = -1
+
+
+VALUE_CASES: list[tuple[str, dict[str, Any], str]] = [
+    ("mask of 2", {"mask": torch.full((B, T), 2.0)}, r"mask must hold only 0 and 1"),
+    ("logp nan at a valid position", {"logp": torch.zeros(B, T).index_fill_(1, torch.tensor([2]), math.nan)}, r"logp has non-finite values at valid"),
+    ("old_logp inf", {"old_logp": torch.full((B, T), -math.inf)}, r"old_logp has non-finite values"),
+    ("ref_logp nan", {"beta": 0.1, "ref_logp": torch.full((B, T), math.nan)}, r"ref_logp has non-finite values"),
+    ("negative weight", {"is_weights": -torch.ones(B)}, r"is_weights must be finite and >= 0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "override", "message"), VALUE_CASES, ids=[c[0] for c in VALUE_CASES]
+)
+def test_value_checks_are_opt_in(case: str, override: dict[str, Any], message: str) -> None:
+    args = {**good(), **override}
+    gmpo_loss(**args, impl="eager")  # off by default: no error, no device synchronization
+    with pytest.raises(ValueError, match=message):
+        gmpo_loss(**args, impl="eager", check_values=True)
+
+
+def test_nan_at_masked_positions_passes_value_checks() -> None:
+    args = good()
+    args["mask"][:, -1] = False
+    args["logp"][:, -1] = math.nan
+    out = gmpo_loss(**args, impl="eager", check_values=True)
+    assert out.loss.item() == -1.0
+
+
+def test_building_blocks_validate() -> None:
+    r, a, m = torch.zeros(B, T), torch.ones(B), torch.ones(B, T)
+    with pytest.raises(ValueError, match="epsilon must be"):
+        clip_log_ratio(r, epsilon=-1)
+    with pytest.raises(ValueError, match="advantages must have shape"):
+        trust_region_log_ratio(r, torch.ones(B, T))
+    with pytest.raises(ValueError, match="dual_clip must be"):
+        trust_region_log_ratio(r, a, dual_clip=0.9)
+    with pytest.raises(ValueError, match="mask must have the shape of log_values"):
+        masked_geometric_mean(r, m[:, :2])
+    with pytest.raises(ValueError, match="ref_logp must have the shape of logp"):
+        sequence_kl(r, r[:, :2], m)
+    with pytest.raises(ValueError, match="mask must be bool"):
+        clip_metrics(r, a, m.to(torch.complex64))
+
+
+def test_validation_does_not_synchronize_with_the_device() -> None:
+    """Shape, dtype and argument checks read no tensor value: they run on the meta device, where
+    reading a value is impossible."""
+    meta = {k: v.to("meta") for k, v in good().items()}
+    from gmpo_core import _checks
+
+    _checks.check_hyperparameters(0.4, 0.28, 3.0)
+    _checks.check_beta(0.1, meta["logp"])
+    _checks.check_gmpo_inputs(
+        meta["logp"],
+        meta["old_logp"],
+        meta["advantages"],
+        meta["mask"],
+        None,
+        torch.ones(B, device="meta"),
+    )
+    with pytest.raises(ValueError, match="advantages must have shape"):
+        _checks.check_gmpo_inputs(meta["logp"], None, meta["logp"], meta["mask"], None, None)
+    # and the eager loss itself runs on meta tensors end to end (no .item(), no host sync)
+    out = gmpo_loss(**meta, impl="eager")
+    assert out.loss.device.type == "meta" and out.loss.shape == ()
