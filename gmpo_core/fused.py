@@ -29,7 +29,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from gmpo_core.loss import GMPOOutput, compute, compute_dtype
-from gmpo_core.ops import ClipStats, _rows, _valid
+from gmpo_core.ops import ClipStats, _rows, _valid, metric_vector
 
 
 def _forward_kernel(
@@ -42,17 +42,19 @@ def _forward_kernel(
     w_row: Tensor | None,
     params: Tensor,
 ) -> tuple[Tensor | None, ...]:
-    """Every row-level quantity in one pass over the (B, T) inputs."""
+    """Every row-level quantity in one pass over the (B, T) inputs, and the metrics."""
     eps_low, eps_high, log_dual, beta = params.unbind()
     per_seq, log_coef, policy, n, stats, kl_rows = compute(
         logp, old_logp, adv, mask, ref_logp, w_tok, w_row,
         eps_low, eps_high, log_dual, beta, params.dtype,
     )  # fmt: skip
     kl_sum = per_seq.new_zeros(()) if kl_rows is None else kl_rows.sum()
-    return (per_seq, log_coef, policy, n, *stats, kl_sum)
+    metrics = metric_vector(stats, kl_sum)
+    return (per_seq.mean(), per_seq, log_coef, policy, n, *stats, kl_sum, metrics)
 
 
 def _backward_kernel(
+    grad_loss: Tensor,
     grad_ps: Tensor,
     grad_lc: Tensor,
     logp: Tensor,
@@ -74,6 +76,7 @@ def _backward_kernel(
     a = _rows(adv.to(cdt), r)
     unclipped = torch.where(a >= 0, r <= eps_high, (r >= -eps_low) & (r <= log_dual))
     nf = n.clamp(min=1).to(cdt)  # (B,)
+    grad_ps = grad_ps + grad_loss / grad_ps.shape[0]  # loss = mean of per_sequence_loss
     grad = torch.where(valid & unclipped, _rows((grad_lc + grad_ps * policy) / nf, r), 0)
     if ref_logp is not None:
         kl_scale = _rows(grad_ps * beta / nf, r)  # (B, 1)
@@ -162,21 +165,23 @@ class _FusedGMPO(torch.autograd.Function):
         out = _run(
             kernels, strict, "forward", logp, old_logp, adv, mask, ref_logp, w_tok, w_row, params
         )
-        per_seq, log_coef, policy, n, *rest = out
+        loss, per_seq, log_coef, policy, n, *rest = out
         ctx.save_for_backward(logp, old_logp, adv, mask, ref_logp, w_tok, policy, n, params)
         ctx.kernels, ctx.strict = kernels, strict
         ctx.mark_non_differentiable(*[t for t in rest if t is not None])
-        return (per_seq, log_coef, *rest)
+        return (loss, per_seq, log_coef, *rest)
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad_ps: Tensor, grad_lc: Tensor, *_: Any) -> tuple[Tensor | None, ...]:
+    def backward(
+        ctx: Any, grad_loss: Tensor, grad_ps: Tensor, grad_lc: Tensor, *_: Any
+    ) -> tuple[Tensor | None, ...]:
         logp, old_logp, adv, mask, ref_logp, w_tok, policy, n, params = ctx.saved_tensors
         grad = None
         if ctx.needs_input_grad[0]:
             grad = _run(
                 ctx.kernels, ctx.strict, "backward",
-                grad_ps, grad_lc, logp, old_logp, adv, mask, ref_logp, w_tok, policy, n, params,
+                grad_loss, grad_ps, grad_lc, logp, old_logp, adv, mask, ref_logp, w_tok, policy, n, params,
             )  # fmt: skip
         return (grad,) + (None,) * 9
 
@@ -202,13 +207,14 @@ def fused_gmpo(
         # A dimension of size 1 would cost a recompilation (0/1 specialization) for a call too
         # small to benefit from compilation: run the same kernels eagerly instead.
         kernels = default_kernels() if min(logp.shape) > 1 else EAGER_KERNELS
+    if mask.dtype == torch.bool:
+        mask = mask.view(torch.uint8)  # zero-copy; see ops._valid
     params = _params(eps_low, eps_high, log_dual, beta, compute_dtype(logp.dtype), logp.device)
-    per_seq, log_coef, *rest = _FusedGMPO.apply(  # type: ignore[no-untyped-call]
+    loss, per_seq, log_coef, *rest = _FusedGMPO.apply(  # type: ignore[no-untyped-call]
         logp, old_logp, advantages.detach(), mask, ref_logp, w_tok, w_row, params, kernels, strict
     )
-    *stats, kl_sum = rest
+    *stats, kl_sum, metrics = rest
     if log_dual is None:
         stats[3] = None  # no dual clip: no dual count
-    return GMPOOutput(
-        per_seq.mean(), per_seq, log_coef, ClipStats(*stats), None if ref_logp is None else kl_sum
-    )
+    kl = None if ref_logp is None else kl_sum
+    return GMPOOutput(loss, per_seq, log_coef, ClipStats(*stats), kl, metrics)

@@ -16,10 +16,13 @@ from gmpo_core.ops import (
     ClipStats,
     ClipStatsTuple,
     _clip_stats,
+    _count,
     _k3,
     _masked_mean,
     _trust_region,
     _valid,
+    metric_vector,
+    metrics_dict,
 )
 
 Impl = Literal["auto", "compiled", "eager"]
@@ -39,15 +42,17 @@ class GMPOOutput:
     log_coef: Tensor
     stats: ClipStats
     kl_sum: Tensor | None  # sum of the k3 estimator over valid tokens; None when beta == 0
+    metric_vector: Tensor | None = None  # (9,) in METRIC_KEYS order, when the path computed it
 
     @functools.cached_property
     def metrics(self) -> Mapping[str, Tensor]:
         """Local metrics of DESIGN §6 as 0-d detached tensors (computed on first access)."""
-        out = self.stats.metrics()
-        if self.kl_sum is not None:
-            n = self.stats.num_tokens.clamp(min=1).to(self.kl_sum.dtype)
-            out["kl"] = (self.kl_sum / n).detach()
-        return out
+        vector = self.metric_vector
+        if vector is None:
+            vector = metric_vector(self.stats.as_tuple(), self.kl_sum)
+        return metrics_dict(
+            vector, self.stats.num_clipped_dual is not None, self.kl_sum is not None
+        )
 
 
 def _terms(
@@ -72,7 +77,7 @@ def _terms(
     """
     r = torch.where(valid, logp - old_logp, 0)  # (B, T)
     c = _trust_region(r, adv, eps_low, eps_high, log_dual)  # (B, T)
-    n = valid.sum(-1)  # (B,)
+    n = _count(valid, r)  # (B,) float
     log_coef = _masked_mean(c, valid, n)  # (B,)
     # A = 0 and empty rows: policy term exactly 0, and no NaN can reach the gradient.
     active = (adv != 0) & (n > 0)  # (B,)

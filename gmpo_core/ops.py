@@ -8,7 +8,7 @@ path in :mod:`gmpo_core.fused` share. The kernels accept Python floats or 0-d te
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
@@ -55,21 +55,39 @@ def _k3(logp: Tensor, ref_logp: Tensor, valid: Tensor) -> Tensor:
     return torch.expm1(d) - d
 
 
+def _count(cond: Tensor, like: Tensor) -> Tensor:
+    """Per-row count of a (B, T) condition, as a float of ``like``'s dtype: exact below 2^24 per
+    row, and float accumulators vectorize where int64 ones do not."""
+    return cond.to(like.dtype).sum(-1)
+
+
 def _clip_counts(
     r: Tensor, adv: Tensor, valid: Tensor, eps_low: Bound, eps_high: Bound, log_dual: Bound | None
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Per-row counts of tokens where the low, high and dual clip took effect."""
     a = _rows(adv, r)
-    low = (valid & (a < 0) & (r < -eps_low)).sum(-1)
-    high = (valid & (a > 0) & (r > eps_high)).sum(-1)
-    dual = None if log_dual is None else (valid & (a < 0) & (r > log_dual)).sum(-1)
+    low = _count(valid & (a < 0) & (r < -eps_low), r)
+    high = _count(valid & (a > 0) & (r > eps_high), r)
+    dual = None if log_dual is None else _count(valid & (a < 0) & (r > log_dual), r)
     return low, high, dual
 
 
 def _valid(mask: Tensor, w_tok: Tensor | None) -> Tensor:
     """Valid tokens: mask != 0, minus tokens whose rollout weight is exactly 0 (DESIGN §5.7)."""
-    valid = mask if mask.dtype == torch.bool else mask != 0
+    if mask.dtype == torch.bool:
+        valid = mask
+    elif mask.dtype == torch.uint8:
+        # the fused path hands bool masks over as uint8 views: compiled CPU code loads bool
+        # tensors ~7x slower than uint8 ones, and compares floats faster than bytes
+        valid = mask.to(torch.float32) != 0
+    else:
+        valid = mask != 0
     return valid if w_tok is None else valid & (w_tok != 0)
+
+
+def _total(rows: Tensor) -> Tensor:
+    """Exact int64 total of per-row float counts."""
+    return rows.to(torch.int64).sum()
 
 
 def _clip_stats(
@@ -79,16 +97,17 @@ def _clip_stats(
     """The fields of :class:`ClipStats`, in order, as a tuple (a compiled kernel returns it)."""
     low, high, dual = _clip_counts(r, adv, valid, eps_low, eps_high, log_dual)
     nf = n.clamp(min=1).to(r.dtype)
+    # extrema per row first, so that they fuse with the row sums into one pass over (B, T)
     return (
-        n.sum(),
-        low.sum(),
-        high.sum(),
-        None if dual is None else dual.sum(),
+        _total(n),
+        _total(low),
+        _total(high),
+        None if dual is None else _total(dual),
         low / nf,
         high / nf,
         n > 0,
-        _masked_extreme(r, valid, "min"),
-        _masked_extreme(r, valid, "max"),
+        _masked_extreme(_masked_extreme(r, valid, "min", dim=-1), n > 0, "min"),
+        _masked_extreme(_masked_extreme(r, valid, "max", dim=-1), n > 0, "max"),
     )
 
 
@@ -152,7 +171,7 @@ def masked_geometric_mean(log_values: Tensor, mask: Tensor) -> Tensor:
     """
     _checks._floating("log_values", log_values)
     valid = _valid(_checks.check_mask(mask, log_values, "log_values"), None)
-    return _masked_mean(log_values, valid, valid.sum(-1))
+    return _masked_mean(log_values, valid, _count(valid, log_values))
 
 
 def sequence_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
@@ -171,7 +190,7 @@ def sequence_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
             f"ref_logp must have the shape of logp {tuple(logp.shape)}, got {tuple(ref_logp.shape)}"
         )
     valid = _valid(_checks.check_mask(mask, logp, "logp"), None)
-    return _masked_mean(_k3(logp, ref_logp.detach(), valid), valid, valid.sum(-1))
+    return _masked_mean(_k3(logp, ref_logp.detach(), valid), valid, _count(valid, logp))
 
 
 @dataclass(frozen=True)
@@ -195,37 +214,74 @@ class ClipStats:
     log_ratio_min: Tensor  # +inf when there is no valid token
     log_ratio_max: Tensor  # -inf when there is no valid token
 
+    def as_tuple(self) -> ClipStatsTuple:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
     def metrics(self) -> dict[str, Tensor]:
         """The DESIGN §6 metrics as 0-d detached tensors (NaN where undefined)."""
-        n = self.num_tokens.clamp(min=1).to(self.row_clip_low.dtype)
-        low, high = self.num_clipped_low / n, self.num_clipped_high / n
-        has = self.num_tokens > 0
-        nan = torch.full_like(self.log_ratio_min, float("nan"))
-        out = {
-            "clip_ratio/low_mean": low,
-            "clip_ratio/high_mean": high,
-            "clip_ratio/region_mean": low + high,
-            "clip_ratio/low_min": torch.where(
-                has, _masked_extreme(self.row_clip_low, self.row_nonempty, "min"), nan
-            ),
-            "clip_ratio/high_max": torch.where(
-                has, _masked_extreme(self.row_clip_high, self.row_nonempty, "max"), nan
-            ),
-            "log_ratio/min": torch.where(has, self.log_ratio_min, nan),
-            "log_ratio/max": torch.where(has, self.log_ratio_max, nan),
-        }
-        if self.num_clipped_dual is not None:
-            out["clip_ratio/dual_mean"] = self.num_clipped_dual / n
-        return {k: v.detach() for k, v in out.items()}
-
-
-def _masked_extreme(x: Tensor, keep: Tensor, kind: str) -> Tensor:
-    """Min or max of ``x`` over ``keep`` (+inf / -inf when nothing is kept)."""
-    if kind == "min":
-        return (
-            torch.where(keep, x, float("inf")).amin() if x.numel() else x.new_tensor(float("inf"))
+        return metrics_dict(
+            metric_vector(self.as_tuple(), None), self.num_clipped_dual is not None, False
         )
-    return torch.where(keep, x, float("-inf")).amax() if x.numel() else x.new_tensor(float("-inf"))
+
+
+METRIC_KEYS = (
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "clip_ratio/low_min",
+    "clip_ratio/high_max",
+    "log_ratio/min",
+    "log_ratio/max",
+    "clip_ratio/dual_mean",  # only with a dual clip
+    "kl",  # only with beta != 0
+)
+
+
+def metric_vector(stats: ClipStatsTuple, kl_sum: Tensor | None) -> Tensor:
+    """Every metric of DESIGN §6, in the order of METRIC_KEYS, as one (9,) tensor: one small
+    kernel instead of a dozen (the fused path computes it inside its forward kernel)."""
+    num, low, high, dual, row_low, row_high, nonempty, lr_min, lr_max = stats
+    n = num.clamp(min=1).to(row_low.dtype)
+    has = num > 0
+    nan = float("nan")
+    zero = n.new_zeros(())
+    low_mean, high_mean = low / n, high / n
+    return torch.stack(
+        [
+            low_mean,
+            high_mean,
+            low_mean + high_mean,
+            torch.where(has, _masked_extreme(row_low, nonempty, "min"), nan),
+            torch.where(has, _masked_extreme(row_high, nonempty, "max"), nan),
+            torch.where(has, lr_min, nan),
+            torch.where(has, lr_max, nan),
+            zero if dual is None else dual / n,
+            zero if kl_sum is None else kl_sum / n,
+        ]
+    ).detach()
+
+
+def metrics_dict(vector: Tensor, dual: bool, kl: bool) -> dict[str, Tensor]:
+    """The metric vector as a mapping of 0-d tensors (views), without absent metrics."""
+    out = dict(zip(METRIC_KEYS, vector.unbind(), strict=True))
+    if not dual:
+        del out["clip_ratio/dual_mean"]
+    if not kl:
+        del out["kl"]
+    return out
+
+
+def _masked_extreme(x: Tensor, keep: Tensor, kind: str, dim: int | None = None) -> Tensor:
+    """Min or max of ``x`` over ``keep`` (over ``dim``, or all of it): +inf / -inf where nothing
+    is kept."""
+    fill = float("inf") if kind == "min" else float("-inf")
+    if x.numel() == 0:
+        shape = () if dim is None else x.shape[:dim] + x.shape[dim:][1:]
+        return x.new_full(shape, fill)
+    masked = torch.where(keep, x, fill)
+    if dim is None:
+        return masked.amin() if kind == "min" else masked.amax()
+    return masked.amin(dim) if kind == "min" else masked.amax(dim)
 
 
 def clip_metrics(
@@ -252,5 +308,7 @@ def clip_metrics(
     valid = _valid(_checks.check_mask(mask, log_ratio, "log_ratio"), None)
     r = log_ratio.detach()
     return ClipStats(
-        *_clip_stats(r, advantages.to(r.dtype), valid, valid.sum(-1), eps_low, eps_high, log_dual)
+        *_clip_stats(
+            r, advantages.to(r.dtype), valid, _count(valid, r), eps_low, eps_high, log_dual
+        )
     )
