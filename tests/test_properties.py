@@ -10,8 +10,9 @@ import numpy as np
 import torch
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
 
-from gmpo_core import gmpo_loss
+from gmpo_core import gmpo_loss, masked_geometric_mean, sequence_kl
 from tests._helpers import (
     assert_close,
     ref,
@@ -164,18 +165,20 @@ def test_padding_invariance(
 
 @given(batches(beta=False), garbage())
 def test_zero_advantage_rows_are_exactly_zero(impl: str, batch: Batch, junk: float) -> None:
-    """A = 0 rows: policy term and gradient exactly 0 whatever their log-ratios are, huge and
-    infinite included (NaN sits only where masked, DESIGN §5.9)."""
+    """A = 0 rows: policy term and gradient exactly 0 whatever their log-ratios are: huge,
+    infinite or NaN (DESIGN §5.5)."""
     t = batch.shape[1]
     zero = batch.advantages == 0
     assume(zero.any())
     logp = batch.logp.copy()
-    logp[zero & batch.mask.any(1), 0] = junk if np.isfinite(junk) or junk > 0 else -3e38
+    # at valid positions of A = 0 rows: huge, infinite, even NaN log-ratios
+    logp[zero[:, None] & batch.mask] = junk
     logp[~batch.mask & zero[:, None]] = np.nan
     out, grad = run(Batch(logp, batch.old_logp, batch.advantages, batch.mask, batch.kwargs), impl)
     assert torch.equal(out.per_sequence_loss[torch.tensor(zero)], torch.zeros(int(zero.sum())))
     assert torch.equal(grad[torch.tensor(zero)], torch.zeros(int(zero.sum()), t))
     assert torch.isfinite(grad).all()
+    assert torch.isfinite(out.loss)
 
 
 @given(batches(), st.randoms(use_true_random=False))
@@ -291,6 +294,41 @@ def test_kl_is_non_negative_and_zero_at_the_reference(impl: str, batch: Batch, b
     assert torch.equal(out.per_sequence_loss, torch.zeros(batch.shape[0]))
     assert out.metrics["kl"] == 0
     assert torch.equal(grad, torch.zeros(batch.shape))
+
+
+@given(
+    arrays(np.float32, st.integers(1, 64), elements=st.floats(-20, 0, width=32)),
+    arrays(np.float32, 64, elements=st.floats(2**-20, 2**-9, width=32)),
+    st.sampled_from([1.0, -1.0]),
+)
+def test_kl_is_non_negative_for_tiny_differences(
+    logp: np.ndarray, delta: np.ndarray, sign: float
+) -> None:
+    """k3 = expm1(d) - d >= 0 per token even where d is tiny (exp(d) - 1 - d rounds below 0 in
+    float32), and within a few ulps of d (absolute) of the exact value there."""
+    lp = torch.tensor(logp)[:, None]
+    ref = lp + sign * torch.tensor(delta[: len(logp)])[:, None]
+    kl = sequence_kl(lp, ref, torch.ones_like(lp))  # one token a row
+    d = (ref.double() - lp.double())[:, 0]  # the difference the float32 inputs really hold
+    assert (kl >= 0).all()
+    exact = torch.expm1(d) - d  # float64: d^2 / 2 + d^3 / 6 + ...
+    assert ((kl.double() - exact).abs() <= 4e-7 * d.abs()).all()
+
+
+@given(st.integers(1, 5), st.integers(1, 9), garbage(), st.data())
+def test_building_blocks_ignore_masked_positions(
+    b: int, t: int, junk: float, data: st.DataObject
+) -> None:
+    x = data.draw(arrays(np.float32, (b, t), elements=st.floats(-5, 5, width=32)))
+    mask = data.draw(arrays(np.bool_, (b, t)))
+    dirty = np.where(mask, x, np.float32(junk)).astype(np.float32)
+    clean = np.where(mask, x, np.float32(0)).astype(np.float32)
+    m = torch.tensor(mask)
+    for fn in (
+        lambda v: masked_geometric_mean(torch.tensor(v), m),
+        lambda v: sequence_kl(torch.tensor(v), torch.tensor(v) * 0.5, m),
+    ):
+        assert torch.equal(fn(dirty), fn(clean))
 
 
 @given(batches(weights=False, min_size=2))  # with T = 1 a (B, 1) weight is a row weight

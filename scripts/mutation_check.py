@@ -1,0 +1,134 @@
+"""Mutation check: break gmpo_core on purpose, one way at a time, and show a test catches it.
+
+Copies the working tree to a temporary directory, applies each mutation there (the checkout is
+never touched), runs the tests that guard it with the "dev" Hypothesis profile, and prints
+CAUGHT or MISSED. Usage: python scripts/mutation_check.py [index ...]
+"""
+
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+
+repo = pathlib.Path(__file__).resolve().parents[1]
+root = pathlib.Path(tempfile.mkdtemp(prefix="gmpo-mutants-"))
+files = subprocess.run(
+    ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+    cwd=repo,
+    capture_output=True,
+    text=True,
+    check=True,
+).stdout.split()
+for name in files:
+    (root / name).parent.mkdir(parents=True, exist_ok=True)
+    if (repo / name).is_file():
+        shutil.copy2(repo / name, root / name)
+python = sys.executable
+M = [
+    (
+        "A = 0 takes the A < 0 branch",
+        "gmpo_core/ops.py",
+        "a >= 0,\n        r.clamp(max=eps_high)",
+        "a > 0,\n        r.clamp(max=eps_high)",
+        "tests/test_properties.py -k 'matches_reference_float32 and eager'",
+    ),
+    (
+        "mask by multiplication in the masked mean",
+        "gmpo_core/ops.py",
+        "return torch.where(valid, x, 0).sum(-1) / n",
+        "return (x * valid).sum(-1) / n",
+        "tests/test_properties.py -k 'ignore_masked'",
+    ),
+    (
+        "no n > 0 guard on the policy term (empty rows give -A)",
+        "gmpo_core/loss.py",
+        "active = (adv != 0) & (n > 0)",
+        "active = adv != 0",
+        "tests/test_properties.py -k 'clipped_tokens_empty and eager'",
+    ),
+    (
+        "no A != 0 guard (A = 0 rows with inf)",
+        "gmpo_core/loss.py",
+        "active = (adv != 0) & (n > 0)",
+        "active = n > 0",
+        "tests/test_properties.py -k 'zero_advantage_rows_are_exactly_zero and eager'",
+    ),
+    (
+        "backward: strict < at the upper bound",
+        "gmpo_core/fused.py",
+        "r <= eps_high",
+        "r < eps_high",
+        "tests/test_hand_cases.py -k 'bound and compiled'",
+    ),
+    (
+        "backward: KL gradient dropped",
+        "gmpo_core/fused.py",
+        "        grad = grad - torch.where(valid, torch.expm1(ref_logp.to(cdt) - lp) * kl_scale, 0)\n",
+        "",
+        "tests/test_properties.py -k 'matches_reference_float32 and compiled'",
+    ),
+    (
+        "low clip counts A <= 0",
+        "gmpo_core/ops.py",
+        "low = _count(valid & (a < 0) & (r < -eps_low), r)",
+        "low = _count(valid & (a <= 0) & (r < -eps_low), r)",
+        "tests/test_properties.py -k 'matches_reference_float32 and eager'",
+    ),
+    (
+        "token weights: arithmetic instead of geometric mean",
+        "gmpo_core/loss.py",
+        "log_coef + _masked_mean(torch.log(w_tok), valid, n)",
+        "log_coef + torch.log(_masked_mean(w_tok, valid, n))",
+        "tests/test_properties.py -k 'matches_reference_float32 and eager'",
+    ),
+    (
+        "zero-weight tokens not removed",
+        "gmpo_core/ops.py",
+        "return valid if w_tok is None else valid & (w_tok != 0)",
+        "return valid",
+        "tests/test_properties.py -k 'zero_weight and eager'",
+    ),
+    (
+        "k3 without expm1",
+        "gmpo_core/ops.py",
+        "return torch.expm1(d) - d",
+        "return torch.exp(d) - 1 - d",
+        "tests/test_properties.py -k 'tiny'",
+    ),
+    (
+        "dual clip ignored",
+        "gmpo_core/ops.py",
+        "r.clamp(min=-eps_low, max=log_dual)",
+        "r.clamp(min=-eps_low)",
+        "tests/test_properties.py -k 'trust_region and eager'",
+    ),
+    (
+        "forward: log_ratio max over valid ignores mask",
+        "gmpo_core/ops.py",
+        '_masked_extreme(_masked_extreme(r, valid, "max", dim=-1), n > 0, "max")',
+        '_masked_extreme(r.amax(-1), n > 0, "max")',
+        "tests/test_properties.py -k 'matches_reference_float32 and eager'",
+    ),
+]
+only = sys.argv[1:]
+for i, (name, path, old, new, tests) in enumerate(M):
+    if only and str(i) not in only:
+        continue
+    f = root / path
+    src = f.read_text()
+    if old not in src:
+        raise SystemExit(f"mutation {i} ({name}) no longer applies: the code changed")
+    f.write_text(src.replace(old, new, 1))
+    try:
+        r = subprocess.run(
+            f"cd {root} && HYPOTHESIS_PROFILE=dev timeout 600 {python} -m pytest -q -x -p no:cacheprovider {tests}",
+            shell=True,
+            capture_output=True,
+            text=True,
+        )
+        last = [line for line in r.stdout.splitlines() if line.strip()][-1]
+        verdict = "CAUGHT" if r.returncode == 1 else f"MISSED rc={r.returncode}"
+        print(f"{i:2d} {verdict:10s} {name}  [{tests}]  -> {last}", flush=True)
+    finally:
+        f.write_text(src)
