@@ -95,8 +95,11 @@ class Inputs:
     mask: Tensor  # bool, right-padded: row i has lengths[i] valid tokens
 
 
-def make_inputs(batch: int, seq: int, device: torch.device, seed: int = 0) -> Inputs:
-    """Realistic GRPO-like inputs: log-probs <= 0, random lengths, ~20 % of rows truncated at T."""
+def make_inputs(
+    batch: int, seq: int, device: torch.device, seed: int = 0, dtype: torch.dtype = torch.float32
+) -> Inputs:
+    """Realistic GRPO-like inputs: log-probs <= 0, random lengths, ~20 % of rows truncated at T.
+    ``dtype`` is the dtype of the log-probs (bf16 on GPU, say)."""
     g = torch.Generator().manual_seed(seed)
     logp = -torch.empty(batch, seq).exponential_(generator=g)  # (B, T) log-probs <= 0
     old_logp = logp + 0.2 * torch.randn(batch, seq, generator=g)
@@ -104,8 +107,8 @@ def make_inputs(batch: int, seq: int, device: torch.device, seed: int = 0) -> In
     lengths = torch.randint(1, seq + seq // 4 + 1, (batch,), generator=g).clamp(max=seq)
     mask = torch.arange(seq) < lengths[:, None]  # (B, T)
     return Inputs(
-        logp.to(device).requires_grad_(),
-        old_logp.to(device),
+        logp.to(device, dtype).requires_grad_(),
+        old_logp.to(device, dtype),
         advantages.to(device),
         mask.to(device),
     )
@@ -741,6 +744,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shapes", type=parse_shapes, help="comma-separated BxT, e.g. 64x2048,128x4096")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="dtype of the log-probs (timing; CPU memory is measured in float32)",
+    )
+    p.add_argument(
         "--impls", default=",".join(IMPLS), help=f"comma-separated subset of {','.join(IMPLS)}"
     )
     p.add_argument(
@@ -840,7 +849,7 @@ def run_timings(
     for shape in shapes:
         tokens = shape[0] * shape[1]
         repeats = args.repeats if tokens <= LARGE_TOKENS else args.repeats_large
-        x = make_inputs(*shape, device, args.seed)
+        x = make_inputs(*shape, device, args.seed, getattr(torch, args.dtype))
         shape_rows = {
             i.key: Row(i, shape, i.status, memory_status="not measured" if i.make else i.status)
             for i in impls
