@@ -7,9 +7,10 @@ its inputs and two (B,) vectors. The backward recomputes the clip indicator from
     d loss / d logp_t = valid_t * [ u_t * (g_lc_i + g_i * policy_i) / n_i
                                     - g_i * beta / n_i * expm1(ref_logp_t - logp_t) ]
 
-where ``u_t`` is 1 unless the trust region clipped the token, ``g_i`` and ``g_lc_i`` are the
-upstream gradients of ``per_sequence_loss`` and ``log_coef``, and ``policy_i`` is the row's policy
-term (its own derivative with respect to ``log_coef``). So a forward+backward reads logp,
+where ``u_t`` is 1 unless the trust region clipped the token, ``g_i`` is the upstream gradient
+of ``per_sequence_loss_i`` plus that of ``loss`` over B (``loss`` is their mean, computed in the
+same kernel), ``g_lc_i`` the upstream gradient of ``log_coef_i``, and ``policy_i`` the row's
+policy term (its own derivative with respect to ``log_coef``). So a forward+backward reads logp,
 old_logp and the mask twice and writes the gradient once: close to the memory-bandwidth bound.
 
 The kernels are plain tensor functions; :func:`compile_kernels` wraps them in ``torch.compile``

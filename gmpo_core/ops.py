@@ -66,10 +66,13 @@ def _clip_counts(
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Per-row counts of tokens where the low, high and dual clip took effect."""
     a = _rows(adv, r)
-    low = _count(valid & (a < 0) & (r < -eps_low), r)
-    high = _count(valid & (a > 0) & (r > eps_high), r)
-    dual = None if log_dual is None else _count(valid & (a < 0) & (r > log_dual), r)
-    return low, high, dual
+    # one count for both sides: a row is either A < 0 (low side) or A > 0 (high side)
+    beyond = _count(valid & torch.where(a < 0, r < -eps_low, r > eps_high), r)  # (B,)
+    low = torch.where(adv < 0, beyond, 0)
+    high = torch.where(adv > 0, beyond, 0)
+    if log_dual is None:
+        return low, high, None
+    return low, high, torch.where(adv < 0, _count(valid & (r > log_dual), r), 0)
 
 
 def _valid(mask: Tensor, w_tok: Tensor | None) -> Tensor:
