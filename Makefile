@@ -11,7 +11,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,trl,verl]"
 	touch $(STAMP)
 
 ## the main job: GMPO training on an embedded toy task, on CPU

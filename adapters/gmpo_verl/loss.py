@@ -1,0 +1,339 @@
+"""verl ``PolicyLossFn``s for GMPO: unpack verl's inputs, call :func:`gmpo_core.gmpo_loss`, and
+normalize by the *global* mini-batch so that the gradient does not depend on how verl splits it.
+
+verl 0.9's actor (``verl/workers/utils/losses.py::ppo_loss``) calls the registered loss by keyword
+once per micro-batch and backpropagates each result separately; the optimizer sees the sum over
+micro-batches, averaged over data-parallel ranks. Before each call it stores in
+``config.global_batch_info`` the data-parallel size, the global mini-batch size (sequences) and the
+global number of valid tokens. With them, per micro-batch and rank::
+
+    seq-mean-token-mean:  loss = sum_i L_i         * dp_size / global_batch_size   (the paper)
+    token-mean:           loss = sum_i n_i * L_i   * dp_size / batch_num_tokens
+
+where ``L_i`` is GMPO's per-sequence loss (``gmpo_loss(...).per_sequence_loss``) and ``n_i`` the
+row's number of response tokens. Summed over micro-batches and averaged over ranks this is exactly
+the mean over the global mini-batch, whatever the split (uneven micro-batches and ranks, fully
+masked rows and rollout weights included). It is also exactly what verl's own ``agg_loss`` returns
+for a per-token loss matrix that holds ``L_i`` at every valid token of row ``i``, so every engine
+that scales verl's built-in losses correctly (FSDP, Megatron's ``num_micro_batch`` factor) scales
+this one correctly too.
+
+No GMPO math lives here: the trust region, the geometric mean and the rollout weights are
+:mod:`gmpo_core`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gmpo_core import gmpo_loss
+
+logger = logging.getLogger("gmpo_verl")
+
+#: The ``loss_agg_mode`` values GMPO accepts, and what each means (see the module docstring).
+LOSS_AGG_MODES = ("seq-mean-token-mean", "token-mean")
+#: Environment variable selecting :func:`gmpo_core.gmpo_loss`'s ``impl`` (verl's config classes
+#: reject unknown keys): ``auto`` (default), ``compiled`` or ``eager``.
+IMPL_ENV = "GMPO_VERL_IMPL"
+# relative tolerance above which per-token advantages are said to vary within a row
+_ADV_SPREAD_RTOL = 1e-5
+
+_notified: set[str] = set()
+
+
+def _once(key: str, message: str, *args: object) -> None:
+    """Log a warning the first time ``key`` is seen in this process."""
+    if key not in _notified:
+        _notified.add(key)
+        logger.warning(message, *args)
+
+
+@dataclass(frozen=True)
+class GlobalBatch:
+    """The global mini-batch a micro-batch belongs to, from ``config.global_batch_info``.
+
+    ``denominator`` is what the micro-batch's summed loss is divided by: the number of sequences
+    (seq-mean-token-mean) or of valid tokens (token-mean, at least 1) in the global mini-batch.
+    """
+
+    dp_size: int
+    denominator: int
+
+    @property
+    def scale(self) -> float:
+        """The factor that turns a micro-batch sum into its share of the global mean: data-parallel
+        ranks are averaged by the engine, so each rank's share is multiplied by ``dp_size``."""
+        return self.dp_size / self.denominator
+
+
+def _int(info: Any, key: str, minimum: int) -> int:
+    value = info.get(key) if hasattr(info, "get") else None
+    if isinstance(value, Tensor) and value.numel() == 1 and not value.dtype.is_floating_point:
+        value = int(value.item())
+    elif isinstance(value, Real) and not isinstance(value, (bool, Integral)):
+        value = int(value) if float(value).is_integer() else value
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < minimum:
+        raise ValueError(
+            f"config.global_batch_info[{key!r}] must be an integer >= {minimum}, got {value!r}. "
+            "verl's actor (workers/utils/losses.py::ppo_loss) sets dp_size, global_batch_size and "
+            "batch_num_tokens before every call; when calling the loss yourself, set them for the "
+            "global mini-batch. gmpo never falls back to a local mean (that makes the gradient "
+            "depend on the number of micro-batches)."
+        )
+    return int(value)
+
+
+def global_batch(config: Any, loss_agg_mode: str, local_rows: int) -> GlobalBatch:
+    """Read and check the global mini-batch metadata that ``loss_agg_mode`` needs.
+
+    Raises ``ValueError`` when it is missing or invalid, never falling back to a local mean.
+    """
+    info = getattr(config, "global_batch_info", None)
+    if not info:
+        raise ValueError(
+            f"loss_mode=gmpo needs config.global_batch_info (dp_size, global_batch_size, "
+            f"batch_num_tokens), got {info!r}: verl >= 0.9's engine sets it before every call of "
+            "the policy loss; gmpo refuses to fall back to a micro-batch-local mean."
+        )
+    dp_size = _int(info, "dp_size", 1)
+    if loss_agg_mode == "seq-mean-token-mean":
+        size = _int(info, "global_batch_size", 1)
+        if local_rows > size:
+            raise ValueError(
+                f"config.global_batch_info['global_batch_size'] = {size} is smaller than this "
+                f"micro-batch ({local_rows} sequences): it must count the sequences of the whole "
+                "mini-batch over all data-parallel ranks."
+            )
+        return GlobalBatch(dp_size, size)
+    return GlobalBatch(dp_size, max(_int(info, "batch_num_tokens", 0), 1))
+
+
+def check_loss_agg_mode(loss_agg_mode: str) -> str:
+    """``seq-mean-token-mean`` (the paper) and ``token-mean`` are accepted; the sum modes are not."""
+    if loss_agg_mode in LOSS_AGG_MODES:
+        if loss_agg_mode == "token-mean":
+            _once(
+                "token-mean",
+                "gmpo_verl: loss_agg_mode=token-mean weights each sequence's GMPO loss by its "
+                "number of tokens; the paper's objective is loss_agg_mode=seq-mean-token-mean.",
+            )
+        return loss_agg_mode
+    raise ValueError(
+        f"loss_mode=gmpo does not support loss_agg_mode={loss_agg_mode!r}: GMPO's loss is one "
+        "length-normalized term per sequence, and a token sum would rescale it by the sequence "
+        "length. Use loss_agg_mode=seq-mean-token-mean (the paper's objective) or token-mean "
+        "(each sequence weighted by its token count)."
+    )
+
+
+def _config_value(config: Any, key: str) -> Any:
+    return getattr(config, key, None)
+
+
+def clip_bounds(config: Any) -> tuple[float, float]:
+    """Log-space bounds ``(epsilon, epsilon_high)`` from ``clip_ratio_low/high`` (else ``clip_ratio``).
+
+    Under loss_mode=gmpo they bound the log-ratio: the ratio is kept in
+    ``[exp(-clip_ratio_low), exp(clip_ratio_high)]`` (the paper uses 0.4 for both).
+    """
+    clip_ratio = _config_value(config, "clip_ratio")
+    low = _config_value(config, "clip_ratio_low")
+    high = _config_value(config, "clip_ratio_high")
+    low = clip_ratio if low is None else low
+    high = clip_ratio if high is None else high
+    if low is None or high is None:
+        raise ValueError(
+            "loss_mode=gmpo needs clip_ratio_low and clip_ratio_high (or clip_ratio) in the actor "
+            f"config, got clip_ratio={clip_ratio!r}, clip_ratio_low={low!r}, "
+            f"clip_ratio_high={high!r}"
+        )
+    return float(low), float(high)
+
+
+def _dual_clip(config: Any) -> float:
+    """``clip_ratio_c``: the cap on the ratio of negative-advantage tokens (gmpo_dual_clip)."""
+    c = _config_value(config, "clip_ratio_c")
+    if isinstance(c, bool) or not isinstance(c, Real):
+        raise ValueError(
+            f"loss_mode=gmpo_dual_clip needs clip_ratio_c (a number > 1) in the actor config, "
+            f"got {c!r}"
+        )
+    return float(c)
+
+
+def _impl() -> str:
+    impl = os.environ.get(IMPL_ENV, "auto")
+    if impl not in ("auto", "compiled", "eager"):
+        raise ValueError(f"{IMPL_ENV} must be 'auto', 'compiled' or 'eager', got {impl!r}")
+    return impl
+
+
+def sequence_advantages(advantages: Tensor, valid: Tensor, n: Tensor) -> Tensor:
+    """verl's (B, T) advantages reduced to one per sequence: their mean over the row's valid tokens.
+
+    Outcome estimators (GRPO, RLOO, REINFORCE++, ...) broadcast one value over the row, so the mean
+    is that value. If they vary within a row (GAE), the mean is used and a warning is logged once.
+    A row without valid tokens gets 0. A (B,) tensor is returned as is.
+
+    Shape:
+        advantages: (B, T) or (B,). valid: (B, T) bool. n: (B,) int. Output: (B,).
+    """
+    if advantages.dim() == 1:
+        return advantages
+    if advantages.shape != valid.shape:
+        raise ValueError(
+            f"advantages must have the shape of response_mask {tuple(valid.shape)} (or be (B,)), "
+            f"got {tuple(advantages.shape)}"
+        )
+    return torch.where(valid, advantages, 0).sum(-1) / n.clamp(min=1).to(advantages.dtype)
+
+
+def compute_policy_loss_gmpo(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """GMPO policy loss for verl (``loss_mode=gmpo``), normalized by the global mini-batch.
+
+    Args:
+        old_log_prob: behaviour-policy log-probs.
+        log_prob: current-policy log-probs (gradients flow here only).
+        advantages: per-token advantages, constant along each row for outcome estimators.
+        response_mask: valid response tokens.
+        loss_agg_mode: ``seq-mean-token-mean`` (the paper) or ``token-mean``; see the module doc.
+        config: verl's ``ActorConfig``: ``clip_ratio_low/high`` (log-space bounds) and
+            ``global_batch_info``.
+        rollout_is_weights: rollout-correction weights, passed to ``gmpo_loss(is_weights=)``.
+
+    Returns:
+        ``(loss, metrics)``: the loss of this micro-batch's share of the global mini-batch, and
+        per-call float metrics that verl averages over micro-batches and ranks (``Metric(MEAN)``).
+
+    Shape:
+        old_log_prob, log_prob, advantages, response_mask, rollout_is_weights: (B, T).
+    """
+    return _policy_loss(
+        old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+        rollout_is_weights, dual_clip=False,
+    )  # fmt: skip
+
+
+def compute_policy_loss_gmpo_dual_clip(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """``loss_mode=gmpo_dual_clip``: :func:`compute_policy_loss_gmpo` with the ratio of
+    negative-advantage tokens also capped at ``config.clip_ratio_c`` (verl's dual-clip constant,
+    default 3.0; must be > 1). Adds the metric ``actor/pg_clipfrac_dual``."""
+    return _policy_loss(
+        old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+        rollout_is_weights, dual_clip=True,
+    )  # fmt: skip
+
+
+def _policy_loss(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    loss_agg_mode: str,
+    config: Any,
+    rollout_is_weights: Tensor | None,
+    *,
+    dual_clip: bool,
+) -> tuple[Tensor, dict[str, float]]:
+    if config is None:
+        raise ValueError("loss_mode=gmpo needs config (verl's ActorConfig), got None")
+    mode = check_loss_agg_mode(loss_agg_mode)
+    eps_low, eps_high = clip_bounds(config)
+    dual = _dual_clip(config) if dual_clip else None
+    batch = global_batch(config, mode, log_prob.shape[0])
+
+    valid = response_mask if response_mask.dtype == torch.bool else response_mask != 0  # (B, T)
+    n = valid.sum(-1)  # (B,)
+    adv = sequence_advantages(advantages, valid, n)  # (B,)
+    out = gmpo_loss(
+        log_prob, old_log_prob, adv, valid, epsilon=eps_low, epsilon_high=eps_high,
+        is_weights=rollout_is_weights, dual_clip=dual, impl=_impl(),
+    )  # fmt: skip
+
+    per_seq = out.per_sequence_loss  # (B,)
+    if mode == "seq-mean-token-mean":
+        loss = per_seq.sum() * batch.scale
+    else:  # token-mean: each sequence weighted by its number of response tokens
+        loss = (per_seq * n.to(per_seq.dtype)).sum() * batch.scale
+    return loss, _metrics(out, old_log_prob, log_prob, advantages, adv, valid, dual_clip)
+
+
+def _metrics(
+    out: Any,
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    adv: Tensor,
+    valid: Tensor,
+    dual_clip: bool,
+) -> dict[str, float]:
+    """verl's names and meanings (DESIGN §6), as floats, with a single device synchronization.
+
+    ``actor/pg_clipfrac``: fraction of valid tokens with A > 0 and r > eps_high (the clip took
+    effect); ``actor/pg_clipfrac_lower``: A < 0 and r < -eps_low; ``actor/ppo_kl``: mean of
+    ``old_log_prob - log_prob`` over valid tokens; ``actor/log_ratio_min/max``: range of the
+    unclipped log-ratio (0 when the micro-batch has no valid token); ``actor/pg_clipfrac_dual``
+    (dual clip only): A < 0 and r > log(clip_ratio_c).
+    """
+    m = out.metrics
+    r = torch.where(valid, log_prob.detach().float() - old_log_prob.float(), 0)  # (B, T)
+    count = valid.sum().clamp(min=1)
+    spread = scale = r.new_zeros(())
+    if advantages.dim() == 2 and advantages.numel() > 0:  # the advantages' range within rows
+        a = advantages.detach()
+        spread = torch.where(valid, (a - adv.detach()[:, None]).abs(), 0).amax()
+        scale = torch.where(valid, a.abs(), 0).amax()
+    values = [
+        m["clip_ratio/high_mean"],
+        m["clip_ratio/low_mean"],
+        -r.sum() / count,
+        torch.nan_to_num(m["log_ratio/min"], nan=0.0),
+        torch.nan_to_num(m["log_ratio/max"], nan=0.0),
+        spread.float(),
+        scale.float(),
+    ]
+    if dual_clip:
+        values.append(m["clip_ratio/dual_mean"])
+    host = torch.stack([v.float().reshape(()) for v in values]).tolist()
+    metrics = {
+        "actor/pg_clipfrac": host[0],
+        "actor/pg_clipfrac_lower": host[1],
+        "actor/ppo_kl": host[2],
+        "actor/log_ratio_min": host[3],
+        "actor/log_ratio_max": host[4],
+    }
+    if dual_clip:
+        metrics["actor/pg_clipfrac_dual"] = host[7]
+    if not math.isfinite(host[5]) or host[5] > _ADV_SPREAD_RTOL * (1.0 + host[6]):
+        _once(
+            "advantage-spread",
+            "gmpo_verl: advantages vary within a sequence (max deviation from the row mean %.3g); "
+            "GMPO uses one advantage per sequence, the mean over the row's response tokens. Use "
+            "a sequence-level estimator (algorithm.adv_estimator=grpo, rloo, ...).",
+            host[5],
+        )
+    return metrics

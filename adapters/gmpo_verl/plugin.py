@@ -1,0 +1,10 @@
+"""verl entry point (group ``verl.plugins``): importing this module registers ``loss_mode=gmpo``.
+
+verl >= 0.9 imports it on ``import verl`` in every process (Ray workers included) and swallows
+errors, so a failure is reported here instead. Also usable as
+``VERL_USE_EXTERNAL_MODULES=gmpo_verl.plugin`` or ``actor_rollout_ref.model.external_lib``.
+"""
+
+from gmpo_verl._registry import register_or_report
+
+register_or_report()
