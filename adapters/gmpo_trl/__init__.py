@@ -1,0 +1,26 @@
+"""gmpo_trl: GMPO (arXiv 2507.20673) as the policy loss of TRL's ``GRPOTrainer``.
+
+``from gmpo_trl import GMPOConfig, GMPOTrainer`` is a drop-in for ``trl.experimental.gmpo`` whose
+GMPO math is :func:`gmpo_core.gmpo_loss`, and which honours or refuses every GRPOConfig field
+(``gmpo_trl.fields.FIELDS``). Importing it warns once when the installed TRL is outside the
+tested range.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import trl
+
+from gmpo_trl.fields import TESTED_TRL
+
+if not trl.__version__.startswith(TESTED_TRL + "."):
+    warnings.warn(
+        f"gmpo_trl is tested with trl {TESTED_TRL}.x; trl {trl.__version__} is installed",
+        stacklevel=2,
+    )
+
+from gmpo_trl.config import GMPOConfig
+from gmpo_trl.trainer import GMPOTrainer
+
+__all__ = ["GMPOConfig", "GMPOTrainer"]

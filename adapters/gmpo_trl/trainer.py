@@ -1,0 +1,285 @@
+"""``GMPOTrainer``: TRL's ``GRPOTrainer`` with GMPO as its policy loss.
+
+Only ``_compute_loss`` is overridden (TRL has no narrower hook: the GRPO loss, its host terms and
+its metrics live in that one method). It unpacks the host's inputs, asks GRPOTrainer's own
+helpers for the masks (``get_high_entropy_mask``, ``get_off_policy_mask``) and the forward pass
+(``_get_per_token_logps_and_entropies``), calls :func:`gmpo_core.gmpo_loss` for all GMPO math,
+then adds the host terms that are not GMPO (entropy bonus with its adaptive controller, MoE
+router aux loss) with GRPOTrainer's semantics and state, and reduces the metrics exactly across
+processes. Everything else (generation, rewards, advantages, vLLM, saving) is GRPOTrainer's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import warnings
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+from trl import GRPOConfig, GRPOTrainer
+
+from gmpo_core import gmpo_loss, sequence_kl
+from gmpo_trl.config import GMPOConfig, check_config
+from gmpo_trl.fields import COMPUTE_LOSS_SHA256
+
+# The forward's optional inputs (multimodal fields...), read from the helper's own signature so a
+# field TRL adds there reaches the model without a change here.
+_FORWARD_FIXED = {
+    "self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size",
+    "compute_entropy", "compute_aux_loss",
+}  # fmt: skip
+FORWARD_KEYS = tuple(
+    p
+    for p in inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters
+    if p not in _FORWARD_FIXED
+)
+
+
+def compute_loss_fingerprint() -> str:
+    """sha256 of the installed ``GRPOTrainer._compute_loss`` source (see ``gmpo_trl.fields``)."""
+    return hashlib.sha256(inspect.getsource(GRPOTrainer._compute_loss).encode()).hexdigest()
+
+
+class GMPOTrainer(GRPOTrainer):
+    """Geometric-Mean Policy Optimization (arXiv 2507.20673) on TRL's ``GRPOTrainer``.
+
+    A drop-in for ``trl.experimental.gmpo.GMPOTrainer`` (same arguments) that drops none of
+    GRPOTrainer's loss features: vLLM importance-sampling correction (all four modes), the
+    off-policy mask, ``top_entropy_quantile``, ``tool_mask``, the entropy bonus and its adaptive
+    controller, the MoE aux loss, ``delta`` (dual clip) and ``beta``. Fields GMPO cannot honour
+    are refused by :class:`GMPOConfig`. ``gmpo_trl.fields.FIELDS`` lists every field.
+
+    Metrics (reduced exactly across processes): ``clip_ratio/low_mean``, ``high_mean``,
+    ``region_mean``, ``low_min``, ``high_max`` (over the tokens the policy term reads),
+    ``log_ratio/min``, ``log_ratio/max``, ``clip_ratio/dual_mean`` (with ``delta``), ``kl``,
+    ``entropy``, and ``policy_loss``, ``entropy_coef``, ``aux_loss`` where GRPOTrainer logs them.
+    """
+
+    _tag_names: ClassVar[list[str]] = ["trl", "gmpo"]
+
+    def __init__(
+        self, model: Any, reward_funcs: Any, args: GRPOConfig | None = None, **kwargs: Any
+    ) -> None:
+        if args is None:
+            name = model if isinstance(model, str) else model.config._name_or_path or "model"
+            args = GMPOConfig(f"{str(name).split('/')[-1]}-GMPO")
+        if not isinstance(args, GMPOConfig):
+            raise TypeError(
+                f"args must be a gmpo_trl.GMPOConfig, got {type(args).__module__}."
+                f"{type(args).__name__}: build a GMPOConfig with the same arguments "
+                "(epsilon is a log-space bound there, as in trl.experimental.gmpo)"
+            )
+        check_config(args)  # again: fields may have been changed after construction
+        if compute_loss_fingerprint() != COMPUTE_LOSS_SHA256:
+            warnings.warn(
+                "gmpo_trl: GRPOTrainer._compute_loss differs from the reviewed TRL 1.16 source; "
+                "check gmpo_trl.fields against the new loss step",
+                stacklevel=2,
+            )
+        super().__init__(model, reward_funcs, args=args, **kwargs)
+
+    # ------------------------------------------------------------------------------------------
+    # the loss step
+    # ------------------------------------------------------------------------------------------
+
+    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Tensor:
+        mode = "train" if self.model.training else "eval"
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
+        prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
+        completion_mask = inputs["completion_mask"]
+        logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model,
+            torch.cat([prompt_ids, completion_ids], dim=1),
+            torch.cat([inputs["prompt_mask"], completion_mask], dim=1),
+            completion_ids.size(1),
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+            **{k: inputs.get(k) for k in FORWARD_KEYS},
+        )  # logps, entropies: (B, T)
+
+        mask = completion_mask.bool()  # (B, T) the host's valid tokens
+        if "tool_mask" in inputs:
+            mask = mask & inputs["tool_mask"].bool()
+        advantages = inputs["advantages"]
+        if advantages.dim() == 2 and advantages.shape[1] == 1:
+            advantages = advantages.squeeze(1)
+        if advantages.dim() != 1:
+            raise ValueError(
+                "GMPOTrainer needs one advantage per sequence, shape (B,); got "
+                f"{tuple(advantages.shape)}"
+            )
+        old_logps = inputs.get("old_per_token_logps")  # None: on-policy (logps.detach())
+
+        # the tokens the policy term reads: minus low-entropy tokens, minus off-policy rows
+        entropy_mask = None
+        if self.top_entropy_quantile < 1.0:
+            entropy_mask = self.get_high_entropy_mask(
+                entropies, mask, 1 - self.top_entropy_quantile
+            )
+        policy_mask = mask if entropy_mask is None else mask & entropy_mask
+        off_policy = self.off_policy_mask_threshold is not None
+        if off_policy:
+            behaviour = logps.detach() if old_logps is None else old_logps
+            keep = self.get_off_policy_mask(
+                advantages=advantages.unsqueeze(1),
+                per_token_logps=logps,
+                sampling_per_token_logps=inputs.get("sampling_per_token_logps", behaviour),
+                mask=mask.to(logps.dtype),
+                off_policy_threshold=self.off_policy_mask_threshold,
+            )  # (B, 1)
+            policy_mask = policy_mask & keep.bool()
+
+        is_weights = None
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            is_weights = inputs["importance_sampling_ratio"]  # (B, T) token modes, (B, 1) sequence
+
+        # The KL keeps every host token, as in GRPOTrainer: when the policy term reads fewer
+        # (entropy or off-policy mask), the KL is gmpo_core's sequence_kl over the host mask.
+        beta = float(self.beta)
+        ref_logps = inputs.get("ref_per_token_logps") if beta != 0.0 else None
+        if beta != 0.0 and ref_logps is None:
+            raise ValueError("beta != 0 needs inputs['ref_per_token_logps'] (the reference model)")
+        kl_apart = beta != 0.0 and (entropy_mask is not None or off_policy)
+        out = gmpo_loss(
+            logps,
+            old_logps,
+            advantages,
+            policy_mask,
+            epsilon=self.epsilon_low,
+            epsilon_high=self.epsilon_high,
+            beta=0.0 if kl_apart else beta,
+            ref_logp=None if kl_apart else ref_logps,
+            is_weights=is_weights,
+            dual_clip=self.args.delta,
+            impl=self.args.gmpo_impl,
+        )
+        loss = out.loss
+        kl_sum, kl_count = out.kl_sum, out.stats.num_tokens
+        if kl_apart:
+            kl_mask = mask
+            if is_weights is not None and is_weights.shape == mask.shape:
+                kl_mask = mask & (is_weights != 0)  # token_mask mode: those tokens left the row
+            kl_rows = sequence_kl(logps, ref_logps, kl_mask)  # (B,)
+            loss = (out.per_sequence_loss + beta * kl_rows).mean()
+            n_kl = kl_mask.sum(-1)  # (B,)
+            kl_sum, kl_count = (kl_rows.detach() * n_kl).sum(), n_kl.sum()
+        policy_loss = loss.detach()
+        loss = loss / accumulation
+
+        metrics = self._metrics[mode]
+        if self._entropy_bonus_enabled:
+            effective = mask if entropy_mask is None else mask & entropy_mask
+            loss = loss - self._entropy_bonus(entropies, effective, mode, accumulation)
+            metrics["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
+            if mode == "train" and self.accelerator.sync_gradients:
+                metrics["entropy_coef"].append(self.entropy_coef)
+        if self.aux_loss_enabled:
+            loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
+            metrics["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
+
+        self._log_gmpo_metrics(out, entropies, mask, kl_sum, kl_count, mode)
+        return loss
+
+    # ------------------------------------------------------------------------------------------
+    # host terms that are not GMPO
+    # ------------------------------------------------------------------------------------------
+
+    def _entropy_bonus(
+        self, entropies: Tensor, effective: Tensor, mode: str, accumulation: int
+    ) -> Tensor:
+        """``coef * H``, H the mean entropy over ``effective`` tokens, scaled for accumulation,
+        with GRPOTrainer's coefficient and adaptive-controller state (``entropy_coef``,
+        ``_last_world_entropy``, ``_entropy_window_stats``; saved in its checkpoints)."""
+        ent_sum = torch.where(effective, entropies, 0).sum()
+        count = effective.sum()
+        mean_entropy = ent_sum / count.clamp(min=1) / accumulation
+        coef = self.entropy_coef
+        if self.use_adaptive_entropy and self._last_world_entropy > self.args.entropy_target:
+            coef = 0.0  # the gate from the end of the previous optimizer step
+        if self.use_adaptive_entropy and mode == "train":
+            stats = torch.stack([ent_sum.detach(), count.to(ent_sum.dtype)])
+            window = self._entropy_window_stats
+            self._entropy_window_stats = stats if window is None else window + stats
+            if self.accelerator.sync_gradients:
+                total = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
+                world = (total[0] / total[1].clamp(min=1.0)).item()
+                step = self.args.entropy_coef_delta
+                if world <= self.args.entropy_target:
+                    self.entropy_coef = min(self.entropy_coef + step, self.args.entropy_coef_max)
+                else:
+                    self.entropy_coef = max(self.entropy_coef - step, self.args.entropy_coef_min)
+                self._last_world_entropy = world
+                self._entropy_window_stats = None
+        return coef * mean_entropy
+
+    # ------------------------------------------------------------------------------------------
+    # metrics
+    # ------------------------------------------------------------------------------------------
+
+    def _log_gmpo_metrics(
+        self,
+        out: Any,
+        entropies: Tensor,
+        mask: Tensor,
+        kl_sum: Tensor | None,
+        kl_count: Tensor,
+        mode: str,
+    ) -> None:
+        """Global metrics from per-process sums, counts and extrema: three collectives, one
+        host sync. Fractions are sums over sums; ``low_min``/``high_max`` are over non-empty
+        rows of all processes; the log-ratio range is the min of mins and max of maxes."""
+        stats = out.stats
+        f32 = torch.float32
+        zero = entropies.new_zeros((), dtype=f32)
+        f64 = torch.float64  # sums of counts: exact far beyond float32's 2^24
+        zero64 = zero.to(f64)
+        sums = torch.stack(
+            [
+                stats.num_tokens.to(f64),
+                stats.num_clipped_low.to(f64),
+                stats.num_clipped_high.to(f64),
+                zero64 if stats.num_clipped_dual is None else stats.num_clipped_dual.to(f64),
+                torch.where(mask, entropies.detach().to(f64), 0).sum(),
+                mask.sum().to(f64),
+                zero64 if kl_sum is None else kl_sum.to(f64),
+                torch.as_tensor(kl_count, device=zero.device).to(f64),
+            ]
+        )
+        sums = self.accelerator.reduce(sums, reduction="sum")
+        nan = float("nan")
+        rows = torch.stack(
+            [
+                torch.where(stats.row_nonempty, stats.row_clip_low.to(f32), nan),
+                torch.where(stats.row_nonempty, stats.row_clip_high.to(f32), nan),
+            ],
+            dim=-1,
+        )  # (B, 2)
+        rows = self.accelerator.gather(rows)
+        extrema = torch.stack([stats.log_ratio_min.to(f32), -stats.log_ratio_max.to(f32)])
+        extrema = self.accelerator.gather(extrema.unsqueeze(0)).amin(0)  # (2,)
+        row_low = torch.where(rows[:, 0].isnan(), float("inf"), rows[:, 0]).amin()
+        row_high = torch.where(rows[:, 1].isnan(), float("-inf"), rows[:, 1]).amax()
+        values = torch.cat([sums, torch.stack([row_low, row_high]), extrema]).tolist()
+        n, low, high, dual, ent, n_ent, kl, n_kl, row_low, row_high, lr_min, neg_lr_max = values
+
+        def ratio(a: float, b: float) -> float:
+            return a / b if b > 0 else nan
+
+        def finite(x: float) -> float:
+            return x if abs(x) != float("inf") else nan
+
+        m = self._metrics[mode]
+        if self.beta != 0.0:
+            m["kl"].append(ratio(kl, n_kl))
+        m["entropy"].append(ratio(ent, n_ent))
+        m["clip_ratio/low_mean"].append(ratio(low, n))
+        m["clip_ratio/high_mean"].append(ratio(high, n))
+        m["clip_ratio/region_mean"].append(ratio(low + high, n))
+        m["clip_ratio/low_min"].append(finite(row_low))
+        m["clip_ratio/high_max"].append(finite(row_high))
+        if stats.num_clipped_dual is not None:
+            m["clip_ratio/dual_mean"].append(ratio(dual, n))
+        m["log_ratio/min"].append(finite(lr_min))
+        m["log_ratio/max"].append(finite(-neg_lr_max))

@@ -1,0 +1,135 @@
+"""Shared builders for the TRL adapter tests: tiny trainers and hand-made loss-step inputs.
+
+Everything is built in the test session (no hub, no network). Each trainer gets its own copy of
+the same tiny model (same seed), so gradients from two trainers can be compared directly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from trl import GRPOConfig, GRPOTrainer
+
+from gmpo_trl import GMPOConfig, GMPOTrainer, toy
+
+TOKENIZER = toy.char_tokenizer()
+
+
+def make_trainer(
+    tmp: Path,
+    cls: type = GMPOTrainer,
+    config_cls: type = GMPOConfig,
+    *,
+    model: Any = None,
+    dataset: Any = None,
+    reward: Any = toy.successor_reward,
+    trainer_kwargs: dict[str, Any] | None = None,
+    **overrides: Any,
+) -> Any:
+    """A trainer of ``cls`` on a fresh tiny model (seed 0) with the toy defaults + overrides."""
+    if config_cls is GMPOConfig:
+        overrides.setdefault("gmpo_impl", "eager")
+    args = config_cls(**toy.toy_args(str(tmp), **overrides))
+    model = model if model is not None else toy.tiny_model(TOKENIZER, seed=0)
+    if args.beta != 0 and not model.config._name_or_path:
+        # GRPOTrainer loads the reference model from the policy's path: give it one
+        path = Path(tmp) / f"init-{type(model).__name__}"
+        model.save_pretrained(path)
+        model.config._name_or_path = str(path)
+    return cls(
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=dataset if dataset is not None else toy.successor_dataset(),
+        processing_class=TOKENIZER,
+        **(trainer_kwargs or {}),
+    )
+
+
+def make_inputs(
+    trainer: Any,
+    *,
+    seed: int = 0,
+    rows: int = 6,
+    prompt_len: int = 3,
+    length: int = 6,
+    empty_row: bool = False,
+    drift: float = 0.0,
+    ref_drift: float = 0.0,
+    zero_advantage: bool = False,
+) -> dict[str, Any]:
+    """Loss-step inputs as GRPOTrainer builds them: random prompts and completions of varied
+    lengths; ``old_per_token_logps`` = the model's log-probs + N(0, drift) when ``drift`` > 0
+    (so the clip acts); ``ref_per_token_logps`` likewise with ``ref_drift``."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = len(TOKENIZER)
+    prompt_ids = torch.randint(2, vocab, (rows, prompt_len), generator=g)
+    completion_ids = torch.randint(2, vocab, (rows, length), generator=g)
+    lengths = torch.randint(1, length + 1, (rows,), generator=g)
+    if empty_row:
+        lengths[1] = 0
+    completion_mask = (torch.arange(length) < lengths[:, None]).long()
+    advantages = torch.randn(rows, generator=g)
+    if zero_advantage:
+        advantages[0] = 0.0
+    inputs: dict[str, Any] = {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": torch.ones_like(prompt_ids),
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": advantages,
+    }
+    logps = model_logps(trainer, inputs)
+    if drift:
+        inputs["old_per_token_logps"] = logps + drift * torch.randn(logps.shape, generator=g)
+    if ref_drift:
+        inputs["ref_per_token_logps"] = logps + ref_drift * torch.randn(logps.shape, generator=g)
+    return inputs
+
+
+@torch.no_grad()
+def model_logps(trainer: Any, inputs: dict[str, Any]) -> torch.Tensor:
+    """The trainer's own log-probs of the completion tokens (B, T)."""
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    logps, _, _ = trainer._get_per_token_logps_and_entropies(
+        trainer.model, ids, attn, inputs["completion_ids"].size(1)
+    )
+    return logps
+
+
+def loss_and_grad(
+    trainer: Any, inputs: dict[str, Any], *, accumulation: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One loss step in train mode: the loss and the flat gradient of every trainable parameter."""
+    model = trainer.model
+    model.train()
+    model.zero_grad(set_to_none=True)
+    trainer.current_gradient_accumulation_steps = accumulation
+    loss = trainer._compute_loss(model, dict(inputs))
+    loss.backward()
+    grads = [
+        p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel())
+        for p in model.parameters()
+        if p.requires_grad
+    ]
+    return loss.detach(), torch.cat(grads)
+
+
+def last_metrics(trainer: Any, mode: str = "train") -> dict[str, float]:
+    """The last value of every metric the loss step logged."""
+    return {k: v[-1] for k, v in trainer._metrics[mode].items() if v}
+
+
+__all__ = [
+    "TOKENIZER",
+    "GRPOConfig",
+    "GRPOTrainer",
+    "last_metrics",
+    "loss_and_grad",
+    "make_inputs",
+    "make_trainer",
+    "model_logps",
+]

@@ -1,0 +1,431 @@
+"""GMPOTrainer's loss step: one test per honoured feature, differential tests against TRL's own
+``trl.experimental.gmpo.GMPOTrainer``, and the on-policy equality with ``GRPOTrainer``.
+
+Every comparison runs two trainers on copies of the same tiny model (same seed) and the same
+hand-made inputs, and compares the loss value and the gradient of every parameter.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("trl")
+
+import torch
+from trl.experimental.gmpo import GMPOConfig as TrlGMPOConfig
+from trl.experimental.gmpo import GMPOTrainer as TrlGMPOTrainer
+
+from gmpo_core import gmpo_loss, sequence_kl
+from gmpo_trl import GMPOTrainer
+from tests.trl._support import (
+    GRPOConfig,
+    GRPOTrainer,
+    last_metrics,
+    loss_and_grad,
+    make_inputs,
+    make_trainer,
+    model_logps,
+)
+
+pytestmark = pytest.mark.trl
+
+RTOL, ATOL = 1e-5, 1e-7  # float32, same model and inputs: only summation order differs
+
+
+def assert_same(a: torch.Tensor, b: torch.Tensor) -> None:
+    torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL)
+
+
+def expected_loss(trainer, inputs, mask=None, **kwargs) -> torch.Tensor:
+    """gmpo_core on the trainer's own log-probs: what the loss step must return."""
+    logps = model_logps(trainer, inputs)
+    mask = inputs["completion_mask"].bool() if mask is None else mask
+    return gmpo_loss(
+        logps, inputs.get("old_per_token_logps"), inputs["advantages"], mask, impl="eager",
+        **kwargs,
+    ).loss  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# differential: TRL's GMPO, where both implement the feature
+# --------------------------------------------------------------------------------------------
+
+SHARED = {
+    "plain": ({}, {"drift": 0.5}),
+    "asymmetric clip": ({"epsilon": 0.2, "epsilon_high": 0.3}, {"drift": 0.5}),
+    "beta": ({"beta": 0.05}, {"drift": 0.5, "ref_drift": 0.3}),
+    "entropy quantile": ({"top_entropy_quantile": 0.5}, {"drift": 0.5}),
+    "entropy quantile + beta": (
+        {"top_entropy_quantile": 0.5, "beta": 0.05},
+        {"drift": 0.5, "ref_drift": 0.3},
+    ),
+    "tool mask": ({}, {"drift": 0.5, "tool_mask": True}),
+    "zero advantage": ({}, {"drift": 0.5, "zero_advantage": True}),
+    "on-policy": ({}, {}),
+}
+
+
+def _inputs(trainer, spec: dict) -> dict:
+    spec = dict(spec)
+    tool = spec.pop("tool_mask", False)
+    inputs = make_inputs(trainer, **spec)
+    if tool:
+        g = torch.Generator().manual_seed(7)
+        inputs["tool_mask"] = (
+            torch.rand(inputs["completion_mask"].shape, generator=g) > 0.3
+        ).long()
+    return inputs
+
+
+@pytest.mark.parametrize("name", list(SHARED))
+def test_matches_trl_gmpo(tmp_path, name):
+    config, spec = SHARED[name]
+    ours = make_trainer(tmp_path, **config)
+    trl_kwargs = {k: v for k, v in config.items()}
+    theirs = make_trainer(tmp_path, TrlGMPOTrainer, TrlGMPOConfig, **trl_kwargs)
+    inputs = _inputs(ours, spec)
+    loss, grad = loss_and_grad(ours, inputs)
+    trl_loss, trl_grad = loss_and_grad(theirs, inputs)
+    assert_same(loss, trl_loss)
+    assert_same(grad, trl_grad)
+    assert grad.abs().max() > 0
+    mine, trls = last_metrics(ours), last_metrics(theirs)
+    keys = ["entropy", "kl"]
+    if "top_entropy_quantile" not in config:  # TRL counts clips over all tokens, we over the
+        keys += [k for k in trls if k.startswith("clip_ratio/")]  # policy term's tokens
+    for key in keys:
+        if key in trls:
+            assert mine[key] == pytest.approx(trls[key], rel=1e-6, abs=1e-9), key
+
+
+def test_empty_row_differs_from_trl_in_value_only(tmp_path):
+    """TRL's GMPO gives an empty row coef exp(0) = 1, so it adds -A/B to the loss value (a
+    documented difference); the gradient is the same."""
+    ours = make_trainer(tmp_path)
+    theirs = make_trainer(tmp_path, TrlGMPOTrainer, TrlGMPOConfig)
+    inputs = make_inputs(ours, drift=0.5, empty_row=True)
+    loss, grad = loss_and_grad(ours, inputs)
+    trl_loss, trl_grad = loss_and_grad(theirs, inputs)
+    a_empty, rows = inputs["advantages"][1], inputs["advantages"].numel()
+    assert_same(trl_loss, loss - a_empty / rows)
+    assert abs(float(a_empty)) > 0.1  # the difference is visible
+    assert_same(grad, trl_grad)
+
+
+# --------------------------------------------------------------------------------------------
+# features TRL's GMPO drops: ours equals gmpo_core on them, TRL's ignores them
+# --------------------------------------------------------------------------------------------
+
+
+def _trl_ignores(tmp_path, inputs, setup, base=None, **feature):
+    """TRL's GMPO gives the same loss with and without the feature (on top of ``base``)."""
+    base = base or {}
+    theirs = make_trainer(tmp_path, TrlGMPOTrainer, TrlGMPOConfig, **base, **feature)
+    setup(theirs)
+    plain = make_trainer(tmp_path, TrlGMPOTrainer, TrlGMPOConfig, **base)
+    loss, _ = loss_and_grad(theirs, inputs)
+    plain_loss, _ = loss_and_grad(plain, inputs)
+    assert_same(loss, plain_loss)  # the feature changed nothing in TRL's GMPO
+
+
+def test_delta_is_the_dual_clip(tmp_path):
+    ours = make_trainer(tmp_path, delta=1.5)
+    inputs = make_inputs(ours, drift=1.0)
+    loss, _ = loss_and_grad(ours, inputs)
+    assert_same(loss, expected_loss(ours, inputs, dual_clip=1.5))
+    without, _ = loss_and_grad(make_trainer(tmp_path), inputs)
+    assert not torch.allclose(loss, without)  # the cap acts on these inputs
+    metrics = last_metrics(ours)
+    assert metrics["clip_ratio/dual_mean"] > 0
+    _trl_ignores(tmp_path, inputs, lambda t: None, delta=1.5)
+
+
+def _is_ratio(inputs, mode: str) -> torch.Tensor:
+    """vLLM importance-sampling ratios as GRPOTrainer builds them in each mode."""
+    g = torch.Generator().manual_seed(3)
+    mask = inputs["completion_mask"].float()
+    diff = 0.3 * torch.randn(mask.shape, generator=g) * mask  # old - sampling log-probs
+    if mode.startswith("sequence"):
+        ratio = diff.sum(-1, keepdim=True).exp()  # (B, 1)
+    else:
+        ratio = diff.exp()  # (B, T)
+    if mode.endswith("truncate"):
+        return ratio.clamp(max=1.2)
+    return ratio.masked_fill(ratio > 1.2, 0.0)  # *_mask: out-of-range ratios are zeroed
+
+
+IS_MODES = ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+
+
+def _enable_is(trainer, mode: str) -> None:
+    # use_vllm needs vLLM at construction; the loss step only reads these attributes
+    trainer.use_vllm = True
+    trainer.vllm_importance_sampling_correction = True
+    trainer.vllm_importance_sampling_mode = mode
+
+
+@pytest.mark.parametrize("mode", IS_MODES)
+def test_vllm_importance_sampling_modes(tmp_path, mode):
+    """The ratios reach gmpo_core as is_weights (DESIGN §5.7): (B, 1) weights a row, (B, T)
+    enters as its geometric mean, and a zero token weight (token_mask) removes the token from
+    the row, its KL included."""
+    ours = make_trainer(tmp_path, beta=0.05)
+    _enable_is(ours, mode)
+    inputs = make_inputs(ours, drift=0.3, ref_drift=0.3)
+    ratio = _is_ratio(inputs, mode)
+    assert (ratio == 0).any() == mode.endswith("mask")
+    inputs["importance_sampling_ratio"] = ratio
+    loss, _ = loss_and_grad(ours, inputs)
+    ref = inputs["ref_per_token_logps"]
+    assert_same(loss, expected_loss(ours, inputs, is_weights=ratio, beta=0.05, ref_logp=ref))
+    no_is, _ = loss_and_grad(make_trainer(tmp_path, beta=0.05), inputs)
+    assert not torch.allclose(loss, no_is)
+    if mode == "token_mask":  # removing the zero-weight tokens from the mask gives the same loss
+        kept = inputs["completion_mask"].bool() & (ratio != 0)
+        same = expected_loss(
+            ours, inputs, mask=kept, is_weights=ratio.masked_fill(ratio == 0, 1.0), beta=0.05,
+            ref_logp=ref,
+        )  # fmt: skip
+        assert_same(loss, same)
+    _trl_ignores(tmp_path, inputs, lambda t: _enable_is(t, mode), base={"beta": 0.05})
+
+
+def test_off_policy_mask_drops_rows_from_the_policy_term_only(tmp_path):
+    """GRPOTrainer.get_off_policy_mask drops negative-advantage rows that drifted too far; as in
+    GRPOTrainer, the dropped rows keep their KL term."""
+    ours = make_trainer(tmp_path, off_policy_mask_threshold=0.05, beta=0.05)
+    inputs = make_inputs(ours, drift=0.3, ref_drift=0.3)
+    g = torch.Generator().manual_seed(5)
+    logps = model_logps(ours, inputs)
+    inputs["sampling_per_token_logps"] = logps + 0.6 * torch.rand(logps.shape, generator=g)
+    mask = inputs["completion_mask"].bool()
+    keep = GRPOTrainer.get_off_policy_mask(
+        inputs["advantages"].unsqueeze(1), logps, inputs["sampling_per_token_logps"],
+        mask.float(), 0.05,
+    ).bool()  # fmt: skip
+    assert not keep.all() and keep.any()  # some rows dropped, some kept
+    loss, _ = loss_and_grad(ours, inputs)
+    policy = gmpo_loss(
+        logps, inputs["old_per_token_logps"], inputs["advantages"], mask & keep, impl="eager"
+    ).per_sequence_loss
+    kl = sequence_kl(logps, inputs["ref_per_token_logps"], mask)
+    assert_same(loss, (policy + 0.05 * kl).mean())
+    _trl_ignores(
+        tmp_path, inputs, lambda t: None, base={"beta": 0.05}, off_policy_mask_threshold=0.05
+    )
+
+
+def test_entropy_bonus(tmp_path):
+    ours = make_trainer(tmp_path, entropy_coef=0.1)
+    inputs = make_inputs(ours, drift=0.5)
+    loss, _ = loss_and_grad(ours, inputs)
+    base, _ = loss_and_grad(make_trainer(tmp_path), inputs)
+    mask = inputs["completion_mask"].bool()
+    metrics = last_metrics(ours)
+    entropy = metrics["entropy"]  # token mean over the batch's valid tokens
+    assert float(loss - base) == pytest.approx(-0.1 * entropy, rel=1e-5)
+    assert metrics["entropy_coef"] == 0.1 and "policy_loss" in metrics
+    assert mask.any()
+    _trl_ignores(tmp_path, inputs, lambda t: None, entropy_coef=0.1)
+
+
+def test_liger_flag_leaves_the_loss_unchanged(tmp_path, monkeypatch):
+    """In trl 1.16 use_liger_kernel only patches model layers (transformers' apply_liger_kernel,
+    with fused_linear_cross_entropy forced off); the loss step is untouched. Liger itself needs
+    a GPU: the patch is recorded, not applied."""
+    import transformers.trainer as hf_trainer
+
+    calls = []
+    monkeypatch.setattr(hf_trainer, "apply_liger_kernel", lambda m, c: calls.append(c))
+    with pytest.warns(FutureWarning, match="use_liger_kernel"):
+        ours = make_trainer(tmp_path, use_liger_kernel=True)
+    assert ours.args.liger_kernel_config["fused_linear_cross_entropy"] is False
+    inputs = make_inputs(ours, drift=0.5)
+    loss, grad = loss_and_grad(ours, inputs)
+    base, base_grad = loss_and_grad(make_trainer(tmp_path), inputs)
+    assert_same(loss, base)
+    assert_same(grad, base_grad)
+
+
+def test_forward_inputs_reach_the_model(tmp_path, monkeypatch):
+    """Multimodal fields (pixel_values, image_grid_thw, token_type_ids, ...: every optional
+    argument of GRPOTrainer._get_per_token_logps_and_entropies) are passed through."""
+    from gmpo_trl.trainer import FORWARD_KEYS
+
+    assert {"pixel_values", "image_grid_thw", "num_images", "token_type_ids"} <= set(FORWARD_KEYS)
+    ours = make_trainer(tmp_path)
+    seen = {}
+    original = ours._get_per_token_logps_and_entropies
+
+    def spy(model, ids, attn, keep, **kwargs):
+        seen.update(kwargs)
+        plain = {k: v for k, v in kwargs.items() if k not in FORWARD_KEYS}
+        return original(model, ids, attn, keep, **plain)
+
+    monkeypatch.setattr(ours, "_get_per_token_logps_and_entropies", spy)
+    inputs = make_inputs(ours)
+    marker = torch.zeros(3)
+    inputs["pixel_values"] = marker
+    loss_and_grad(ours, inputs)
+    assert seen["pixel_values"] is marker and seen["image_grid_thw"] is None
+    assert set(FORWARD_KEYS) <= set(seen)
+
+
+def test_moe_router_aux_loss(tmp_path):
+    """The MoE load-balancing loss is added as GRPOTrainer adds it (same value and gradient as
+    GRPOTrainer on-policy) and logged as aux_loss."""
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    from tests.trl._support import TOKENIZER
+
+    def moe():
+        config = Qwen2MoeConfig(
+            vocab_size=len(TOKENIZER), hidden_size=32, intermediate_size=64,
+            moe_intermediate_size=32, shared_expert_intermediate_size=32, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+            max_position_embeddings=64, output_router_logits=True, router_aux_loss_coef=0.05,
+            pad_token_id=TOKENIZER.pad_token_id, eos_token_id=TOKENIZER.eos_token_id,
+        )  # fmt: skip
+        torch.manual_seed(0)
+        return Qwen2MoeForCausalLM(config)
+
+    ours = make_trainer(tmp_path, model=moe())
+    grpo = make_trainer(tmp_path, GRPOTrainer, GRPOConfig, model=moe(), loss_type="grpo")
+    assert ours.aux_loss_enabled
+    inputs = make_inputs(ours)
+    loss, grad = loss_and_grad(ours, inputs)
+    grpo_loss, grpo_grad = loss_and_grad(grpo, inputs)
+    assert_same(loss, grpo_loss)
+    assert_same(grad, grpo_grad)
+    aux = last_metrics(ours)["aux_loss"]
+    assert aux == pytest.approx(last_metrics(grpo)["aux_loss"]) and aux > 0
+    theirs = make_trainer(tmp_path, TrlGMPOTrainer, TrlGMPOConfig, model=moe())
+    trl_loss, _ = loss_and_grad(theirs, inputs)  # TRL's GMPO drops the aux loss
+    assert float(loss - trl_loss) == pytest.approx(0.05 * aux, rel=1e-4)
+
+
+# --------------------------------------------------------------------------------------------
+# on-policy GMPO == GRPOTrainer(loss_type="grpo") (DESIGN §5.10), host terms included
+# --------------------------------------------------------------------------------------------
+
+ON_POLICY = {
+    "plain, empty and zero-advantage rows": ({}, {"empty_row": True, "zero_advantage": True}),
+    "entropy bonus": ({"entropy_coef": 0.05}, {}),
+    "tool mask": ({}, {"tool_mask": True}),
+    "off-policy mask": ({"off_policy_mask_threshold": 0.05}, {"sampling": True}),
+    "sequence IS weights": ({}, {"is_mode": "sequence_truncate"}),
+}
+
+
+@pytest.mark.parametrize("name", list(ON_POLICY))
+def test_on_policy_gradient_equals_grpo(tmp_path, name):
+    config, spec = ON_POLICY[name]
+    spec = dict(spec)
+    sampling, is_mode = spec.pop("sampling", False), spec.pop("is_mode", None)
+    ours = make_trainer(tmp_path, **config)
+    grpo = make_trainer(tmp_path, GRPOTrainer, GRPOConfig, loss_type="grpo", **config)
+    inputs = _inputs(ours, spec)
+    if sampling:
+        logps = model_logps(ours, inputs)
+        g = torch.Generator().manual_seed(5)
+        inputs["sampling_per_token_logps"] = logps + 0.6 * torch.rand(logps.shape, generator=g)
+    if is_mode:
+        for t in (ours, grpo):
+            _enable_is(t, is_mode)
+        inputs["importance_sampling_ratio"] = _is_ratio(inputs, is_mode)
+    loss, grad = loss_and_grad(ours, inputs)
+    grpo_loss, grpo_grad = loss_and_grad(grpo, inputs)
+    assert_same(loss, grpo_loss)
+    assert_same(grad, grpo_grad)
+    assert grad.abs().max() > 0
+    mine, theirs = last_metrics(ours), last_metrics(grpo)
+    for key in ("entropy", "policy_loss", "entropy_coef"):
+        if key in theirs:
+            assert mine[key] == pytest.approx(theirs[key], rel=1e-6), key
+
+
+def test_adaptive_entropy_controller_follows_grpo(tmp_path):
+    """Same coefficient, gate and window state as GRPOTrainer's controller over several
+    optimizer steps with gradient accumulation (on-policy, so the gradients agree too)."""
+    config = dict(
+        use_adaptive_entropy=True, entropy_coef=0.0, entropy_target=3.2, entropy_coef_delta=0.01
+    )
+    ours = make_trainer(tmp_path, **config)
+    grpo = make_trainer(tmp_path, GRPOTrainer, GRPOConfig, loss_type="grpo", **config)
+    for step in range(4):
+        for t in (ours, grpo):  # the window closes on the second micro-batch
+            t.accelerator.gradient_state._set_sync_gradients(step % 2 == 1)
+        inputs = make_inputs(ours, seed=step)
+        loss, grad = loss_and_grad(ours, inputs, accumulation=2)
+        grpo_loss, grpo_grad = loss_and_grad(grpo, inputs, accumulation=2)
+        assert_same(loss, grpo_loss)
+        assert_same(grad, grpo_grad)
+        assert ours.entropy_coef == pytest.approx(grpo.entropy_coef)
+        assert ours._last_world_entropy == pytest.approx(grpo._last_world_entropy)
+    assert ours.entropy_coef > 0  # the controller moved (entropy is below the target)
+    for t in (ours, grpo):
+        t.accelerator.gradient_state._set_sync_gradients(True)
+
+
+# --------------------------------------------------------------------------------------------
+# metrics
+# --------------------------------------------------------------------------------------------
+
+
+def test_metrics_are_the_cores_statistics(tmp_path):
+    ours = make_trainer(tmp_path, delta=2.0, beta=0.05)
+    inputs = make_inputs(ours, drift=0.8, ref_drift=0.3, empty_row=True)
+    loss_and_grad(ours, inputs)
+    logps = model_logps(ours, inputs)
+    mask = inputs["completion_mask"].bool()
+    out = gmpo_loss(
+        logps, inputs["old_per_token_logps"], inputs["advantages"], mask, dual_clip=2.0,
+        beta=0.05, ref_logp=inputs["ref_per_token_logps"], impl="eager",
+    )  # fmt: skip
+    got = last_metrics(ours)
+    for key, value in out.metrics.items():
+        assert got[key] == pytest.approx(float(value), rel=1e-6, abs=1e-9), key
+    r = torch.where(mask, logps - inputs["old_per_token_logps"], float("nan"))
+    assert got["log_ratio/min"] == pytest.approx(float(r.nan_to_num(1e9).min()), rel=1e-6)
+    assert got["log_ratio/max"] == pytest.approx(float(r.nan_to_num(-1e9).max()), rel=1e-6)
+    assert got["clip_ratio/region_mean"] > 0
+
+
+def test_eval_mode_has_no_accumulation_scaling(tmp_path):
+    ours = make_trainer(tmp_path)
+    inputs = make_inputs(ours, drift=0.5)
+    train_loss, _ = loss_and_grad(ours, inputs, accumulation=4)
+    ours.model.eval()
+    with torch.no_grad():
+        eval_loss = ours._compute_loss(ours.model, dict(inputs))
+    assert_same(eval_loss, 4 * train_loss)
+    assert "clip_ratio/low_mean" in last_metrics(ours, "eval")
+
+
+def test_gmpo_trainer_is_a_grpo_trainer():
+    assert issubclass(GMPOTrainer, GRPOTrainer)
+    assert "_compute_loss" in GMPOTrainer.__dict__
+
+
+def test_compiled_path_matches_eager(tmp_path):
+    """gmpo_impl="compiled" (the fused kernel; "auto" picks it where torch.compile works)."""
+    eager = make_trainer(tmp_path)
+    compiled = make_trainer(tmp_path, gmpo_impl="compiled")
+    inputs = make_inputs(eager, drift=0.5, empty_row=True, zero_advantage=True)
+    loss, grad = loss_and_grad(eager, inputs)
+    c_loss, c_grad = loss_and_grad(compiled, inputs)
+    torch.testing.assert_close(c_loss, loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(c_grad, grad, rtol=1e-5, atol=1e-6)
+    assert last_metrics(compiled) == pytest.approx(last_metrics(eager), rel=1e-5, abs=1e-7)
+
+
+def test_bf16_log_probs_are_computed_in_float32(tmp_path):
+    """bf16=True: the forward runs under bf16 autocast; gmpo_core computes the loss in float32
+    (DESIGN §5.8), so it stays close to the float32 run."""
+    ours = make_trainer(tmp_path, bf16=True)
+    inputs = make_inputs(ours, drift=0.5)
+    loss, grad = loss_and_grad(ours, inputs)
+    f32_loss, f32_grad = loss_and_grad(make_trainer(tmp_path), inputs)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, f32_loss, rtol=1e-2, atol=1e-3)
+    assert (grad - f32_grad).abs().max() < 2e-2 * f32_grad.abs().max()
