@@ -63,6 +63,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
             if proc.returncode != 0:
                 pytest.fail(f"torchrun with {world} process(es) failed:\n{log[-6000:]}")
             results[world] = json.loads(out.read_text())
+            print(f"grad norms, {world} process(es):", json.dumps(results[world]["grad_norm"]))
     finally:
         for proc, _ in launches.values():
             if proc.poll() is None:
