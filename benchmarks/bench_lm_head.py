@@ -1,0 +1,486 @@
+"""Time and peak extra memory of the LM head's token log-probs, forward+backward, three ways.
+
+Run from the repository root::
+
+    python benchmarks/bench_lm_head.py            # N = 4096, H = 896, V = 151,936, + N sweep
+    python benchmarks/bench_lm_head.py --quick    # tiny sizes: proves the script runs (CI)
+    python benchmarks/bench_lm_head.py --tokens 1024,4096 --repeats 3 --sweep-repeats 2
+
+Paths, on the same seeded inputs (hidden (N, H), weight (V, H), both requiring grad; random
+targets; random upstream gradients):
+
+* ``materialized``: ``log_softmax((hidden @ weight.T) / τ).gather(-1, targets)`` (and the entropy
+  ``-(p * log p).sum(-1)`` of the same distribution in ``--outputs logp+entropy``), plain autograd.
+* ``TRL <v> chunked``: ``trl.kernels.ChunkedLogProbFunction`` as GRPOTrainer calls it (vocabulary
+  chunk 32,768, 4,096-token tiles), when trl is importable.
+* ``gmpo``: ``gmpo_core.lm_head.token_logprobs`` with ``chunk_size`` (default: the library's).
+
+Each measurement runs in a FRESH subprocess: it builds the inputs, runs a tiny warmup (so
+one-time library initialization is not counted), resets the process's high-water mark
+(``echo 5 > /proc/self/clear_refs``), reads VmRSS, runs one forward+backward (``loss =
+Σ g·logps (+ Σ g_H·entropies)``, then ``loss.backward()``), and reads VmHWM. Peak extra memory
+is VmHWM − VmRSS-after-reset: everything the call allocated, the weight and hidden gradients
+included, the inputs excluded. Time is the wall time of that call. Paths are interleaved within
+each repeat so that changes in the machine's load hit them alike; the table reports the minimum
+time over repeats (and every repeat in the JSON) and the maximum peak.
+
+Gradients are compared across paths at every size: each subprocess saves its log-probs,
+entropies, hidden gradient and every 97th row of the weight gradient, and the parent reports the
+largest difference from the materialized path (relative to that tensor's largest magnitude).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+IMG = REPO / "docs" / "img"
+PATHS = ("materialized", "trl", "gmpo")
+W_ROW_STRIDE = 97  # rows of the weight gradient saved for the cross-path comparison
+
+
+# --------------------------------------------------------------------------------------------
+# worker: one path, one size, one fresh process
+
+
+def _status_kb(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{key} not in /proc/self/status")
+
+
+def _make_inputs(n: int, hdim: int, vocab: int, seed: int) -> dict[str, Any]:
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(n, hdim, generator=g)
+    weight = torch.randn(vocab, hdim, generator=g) * (1.0 / hdim**0.5) * 4.0
+    return {
+        "hidden": hidden.requires_grad_(),
+        "weight": weight.requires_grad_(),
+        "targets": torch.randint(0, vocab, (n,), generator=g),
+        "g_logp": torch.randn(n, generator=g),
+        "g_ent": torch.randn(n, generator=g) * 0.1,
+    }
+
+
+def _path_fn(path: str, chunk_size: int | None) -> Any:
+    import torch
+
+    if path == "materialized":
+
+        def materialized(h: Any, w: Any, t: Any, temp: float, ent: bool) -> Any:
+            logits = h @ w.t()  # (N, V)
+            logp_all = torch.log_softmax(logits if temp == 1.0 else logits / temp, dim=-1)
+            logps = logp_all.gather(-1, t.unsqueeze(-1)).squeeze(-1)
+            entropies = -(logp_all.exp() * logp_all).sum(-1) if ent else None
+            return logps, entropies
+
+        return materialized
+    if path == "trl":
+        from trl.kernels import ChunkedLogProbFunction
+        from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
+
+        def trl_head(h: Any, w: Any, t: Any, temp: float, ent: bool) -> Any:
+            out = ChunkedLogProbFunction.apply(
+                h, w, None, t, temp, _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0,
+                ("entropy",) if ent else (),
+            )  # fmt: skip
+            return out[0], out[1]
+
+        return trl_head
+    if path == "gmpo":
+        from gmpo_core.lm_head import DEFAULT_CHUNK_SIZE, token_logprobs
+
+        cs = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
+
+        def gmpo_head(h: Any, w: Any, t: Any, temp: float, ent: bool) -> Any:
+            return token_logprobs(h, w, t, temperature=temp, chunk_size=cs, compute_entropy=ent)
+
+        return gmpo_head
+    raise ValueError(f"unknown path {path!r}")
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+
+    torch.set_num_threads(args.threads) if args.threads else None
+    fn = _path_fn(args.path, args.chunk_size)
+    ent = args.outputs == "logp+entropy"
+
+    def step(inp: dict[str, Any]) -> None:
+        logps, entropies = fn(inp["hidden"], inp["weight"], inp["targets"], args.temperature, ent)
+        loss = (logps * inp["g_logp"]).sum()
+        if entropies is not None:
+            loss = loss + (entropies * inp["g_ent"]).sum()
+        loss.backward()
+        inp["logps"], inp["entropies"] = logps.detach(), entropies
+
+    # warmup at a tiny size: library initialization (oneDNN, trl import) is not what we measure
+    step(_make_inputs(8, args.hidden, min(args.vocab, 4096), seed=1))
+    inp = _make_inputs(args.n, args.hidden, args.vocab, seed=args.seed)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    rss = _status_kb("VmRSS")
+    t0 = time.perf_counter()
+    step(inp)
+    seconds = time.perf_counter() - t0
+    hwm = _status_kb("VmHWM")
+    if args.save:
+        w_grad = inp["weight"].grad
+        torch.save(
+            {
+                "logps": inp["logps"],
+                "entropies": None if inp["entropies"] is None else inp["entropies"].detach(),
+                "grad_hidden": inp["hidden"].grad,
+                "grad_weight_rows": w_grad[::W_ROW_STRIDE].clone(),
+            },
+            args.save,
+        )
+    print(json.dumps({"seconds": seconds, "peak_extra_bytes": (hwm - rss) * 1024}))
+
+
+# --------------------------------------------------------------------------------------------
+# parent: interleaved subprocesses, comparison, tables, plots
+
+
+def _trl_version() -> str | None:
+    """trl's version when it is installed (without importing it: that takes seconds)."""
+    if importlib.util.find_spec("trl") is None:
+        return None
+    return importlib.metadata.version("trl")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _run_worker(
+    path: str, n: int, args: argparse.Namespace, save: str | None
+) -> dict[str, float] | str:
+    cmd = [
+        sys.executable, __file__, "--worker", "--path", path, "--n", str(n),
+        "--hidden", str(args.hidden), "--vocab", str(args.vocab),
+        "--temperature", str(args.temperature), "--outputs", args.outputs, "--seed", str(args.seed),
+    ]  # fmt: skip
+    if args.chunk_size is not None:
+        cmd += ["--chunk-size", str(args.chunk_size)]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    if save:
+        cmd += ["--save", save]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["?"]
+        return f"failed (rc {proc.returncode}): {tail[0][:200]}"
+    out: dict[str, float] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def _compare(saved: dict[str, str]) -> dict[str, dict[str, float]]:
+    """Largest |x − materialized| / max|materialized| per saved tensor, for each other path."""
+    import torch
+
+    if "materialized" not in saved:
+        return {}
+    ref = torch.load(saved["materialized"])
+    out: dict[str, dict[str, float]] = {}
+    for path, file in saved.items():
+        if path == "materialized":
+            continue
+        got = torch.load(file)
+        diffs: dict[str, float] = {}
+        for key, r in ref.items():
+            if r is None or got.get(key) is None:
+                continue
+            scale = r.abs().max().clamp(min=1e-30)
+            diffs[key] = float(((got[key].double() - r.double()).abs().max() / scale).item())
+        out[path] = diffs
+    return out
+
+
+def _fmt_gb(b: float | None) -> str:
+    return "—" if b is None else f"{b / 1e9:.2f}"
+
+
+def _fmt_s(s: float | None) -> str:
+    return "—" if s is None else (f"{s:.2f}" if s < 100 else f"{s:.0f}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny sizes (< 30 s), no files written")
+    p.add_argument("--tokens", default=None, help="comma-separated N values (default 512..4096)")
+    p.add_argument("--hidden", type=int, default=896)
+    p.add_argument("--vocab", type=int, default=151_936)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--outputs", choices=("logp", "logp+entropy"), default="logp")
+    p.add_argument("--chunk-size", type=int, default=None, help="gmpo's chunk (default: library)")
+    p.add_argument("--paths", default=",".join(PATHS))
+    p.add_argument("--repeats", type=int, default=2, help="interleaved repeats at the largest N")
+    p.add_argument("--sweep-repeats", type=int, default=1, help="interleaved repeats at other N")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-write", action="store_true", help="print only")
+    p.add_argument("--tag", default="cpu", help="results file name: lm_head_<tag>.md/.json")
+    # worker mode (internal)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--path", help=argparse.SUPPRESS)
+    p.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--save", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+
+    if args.quick:
+        args.hidden, args.vocab = min(args.hidden, 64), min(args.vocab, 2000)
+        if args.chunk_size is None:
+            args.chunk_size = 48
+        args.no_write = True
+        args.repeats = 1
+    default_tokens = "200" if args.quick else "512,1024,2048,4096"
+    tokens = [int(x) for x in (args.tokens or default_tokens).split(",")]
+    trl_version = _trl_version()
+    paths = [x for x in args.paths.split(",") if x]
+    for x in paths:
+        if x not in PATHS:
+            p.error(f"unknown path {x!r}; choose from {PATHS}")
+    labels = {
+        "materialized": "materialized (h @ W.T, log_softmax, gather)",
+        "trl": f"TRL {trl_version} ChunkedLogProbFunction"
+        if trl_version
+        else "TRL (not installed)",
+        "gmpo": "gmpo token_logprobs",
+    }
+    import torch
+
+    from gmpo_core.lm_head import DEFAULT_CHUNK_SIZE
+
+    chunk = DEFAULT_CHUNK_SIZE if args.chunk_size is None else args.chunk_size
+    print(
+        f"# N in {tokens}, H = {args.hidden}, V = {args.vocab}, float32, outputs {args.outputs}, "
+        f"τ = {args.temperature}, gmpo chunk_size = {chunk}; torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, {_cpu_model()}",
+        flush=True,
+    )
+    results: dict[int, dict[str, Any]] = {}
+    max_n = max(tokens)
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in tokens:
+            repeats = args.repeats if n == max_n else args.sweep_repeats
+            row: dict[str, Any] = {x: {"seconds": [], "peak_extra_bytes": []} for x in paths}
+            saved: dict[str, str] = {}
+            for rep in range(repeats):
+                for x in paths:
+                    if x == "trl" and trl_version is None:
+                        row[x] = "not installed"
+                        continue
+                    save = os.path.join(tmp, f"{x}_{n}.pt") if rep == 0 else None
+                    r = _run_worker(x, n, args, save)
+                    if isinstance(r, str):
+                        row[x] = r
+                        print(f"N={n:>6} {x:>13}: {r}", flush=True)
+                        continue
+                    if save:
+                        saved[x] = save
+                    row[x]["seconds"].append(r["seconds"])
+                    row[x]["peak_extra_bytes"].append(r["peak_extra_bytes"])
+                    print(
+                        f"N={n:>6} {x:>13}: {r['seconds']:8.2f} s  "
+                        f"peak extra {r['peak_extra_bytes'] / 1e9:6.3f} GB",
+                        flush=True,
+                    )
+            row["max_rel_diff_vs_materialized"] = _compare(saved)
+            results[n] = row
+
+    def best(n: int, x: str, key: str) -> float | None:
+        r = results[n].get(x)
+        if not isinstance(r, dict) or not r[key]:
+            return None
+        return float(min(r[key]) if key == "seconds" else max(r[key]))
+
+    # ---- table
+    lines = [
+        "| N | path | time (s) | peak extra (GB) | time / materialized | memory / materialized |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for n in tokens:
+        t_ref, m_ref = (
+            best(n, "materialized", "seconds"),
+            best(n, "materialized", "peak_extra_bytes"),
+        )
+        for x in paths:
+            t, m = best(n, x, "seconds"), best(n, x, "peak_extra_bytes")
+            r = results[n][x]
+            if not isinstance(r, dict):
+                lines.append(f"| {n} | {labels[x]} | {r} | | | |")
+                continue
+            tr = "—" if t is None or t_ref is None else f"{t / t_ref:.2f}×"
+            mr = "—" if m is None or m_ref is None else f"{m / m_ref:.3f}×"
+            lines.append(f"| {n} | {labels[x]} | {_fmt_s(t)} | {_fmt_gb(m)} | {tr} | {mr} |")
+    table = "\n".join(lines)
+    diff_lines = [
+        "| N | path | logps | entropies | grad hidden | grad weight (rows) |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for n in tokens:
+        for x, d in results[n]["max_rel_diff_vs_materialized"].items():
+            cells = [
+                f"{d[k]:.1e}" if k in d else "—"
+                for k in ("logps", "entropies", "grad_hidden", "grad_weight_rows")
+            ]
+            diff_lines.append(f"| {n} | {labels[x]} | " + " | ".join(cells) + " |")
+    diff_table = "\n".join(diff_lines)
+    print()
+    print(table)
+    print()
+    print("max |x − materialized| / max |materialized|:")
+    print(diff_table)
+
+    # ---- targets at the largest N
+    checks: dict[str, Any] = {}
+    t_ref, m_ref = (
+        best(max_n, "materialized", "seconds"),
+        best(max_n, "materialized", "peak_extra_bytes"),
+    )
+    t_g, m_g = best(max_n, "gmpo", "seconds"), best(max_n, "gmpo", "peak_extra_bytes")
+    if t_g is not None and m_g is not None:
+        checks["gmpo_peak_extra_gb"] = m_g / 1e9
+        checks["gmpo_peak_le_0.9GB"] = m_g <= 0.9e9
+        if t_ref is not None and m_ref is not None:
+            checks["gmpo_time_over_materialized"] = t_g / t_ref
+            checks["gmpo_time_le_1.5x"] = t_g <= 1.5 * t_ref
+            checks["materialized_memory_over_gmpo"] = m_ref / m_g
+    t_trl, m_trl = best(max_n, "trl", "seconds"), best(max_n, "trl", "peak_extra_bytes")
+    if t_g is not None and m_g is not None and t_trl is not None and m_trl is not None:
+        checks["trl_time_over_gmpo"] = t_trl / t_g
+        checks["trl_memory_over_gmpo"] = m_trl / m_g
+    print()
+    print("at N =", max_n, json.dumps(checks, indent=1))
+
+    if args.no_write:
+        return 0
+    command = "python " + " ".join(
+        shlex.quote(a)
+        for a in [os.path.relpath(__file__, REPO), *(argv if argv is not None else sys.argv[1:])]
+    )
+    meta = {
+        "command": command,
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "torch": torch.__version__,
+        "trl": trl_version,
+        "threads": torch.get_num_threads(),
+        "cpu": _cpu_model(),
+        "python": platform.python_version(),
+        "hidden": args.hidden,
+        "vocab": args.vocab,
+        "dtype": "float32",
+        "outputs": args.outputs,
+        "temperature": args.temperature,
+        "gmpo_chunk_size": chunk,
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = RESULTS / f"lm_head_{args.tag}"
+    json_results = {str(n): results[n] for n in tokens}
+    stem.with_suffix(".json").write_text(
+        json.dumps({"meta": meta, "results": json_results, "targets_at_max_n": checks}, indent=1)
+        + "\n"
+    )
+    md = [
+        f"# LM-head token log-probs, forward+backward ({meta['date_utc']})",
+        "",
+        f"Command: `{command}`  ",
+        f"torch {meta['torch']}, trl {trl_version}, {meta['threads']} threads, {meta['cpu']}, "
+        f"Python {meta['python']}.  ",
+        f"H = {args.hidden}, V = {args.vocab}, float32, outputs: {args.outputs}, "
+        f"temperature {args.temperature}, gmpo chunk_size {chunk}. Time: minimum over repeats; "
+        "peak extra: VmHWM of a fresh subprocess minus its RSS after the reset (weight gradient "
+        "included, inputs excluded).",
+        "",
+        table,
+        "",
+        "Largest |x − materialized| / max |materialized| (weight gradient: every "
+        f"{W_ROW_STRIDE}th row):",
+        "",
+        diff_table,
+        "",
+        f"Targets at N = {max_n}: `{json.dumps(checks)}`",
+        "",
+    ]
+    stem.with_suffix(".md").write_text("\n".join(md))
+    print(f"wrote {stem}.md/.json")
+
+    if len(tokens) > 1:
+        _plots(tokens, paths, labels, best, meta)
+    return 0
+
+
+def _plots(
+    tokens: list[int], paths: list[str], labels: dict[str, str], best: Any, meta: dict[str, Any]
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    IMG.mkdir(parents=True, exist_ok=True)
+    style = {
+        "materialized": ("o-", "tab:red"),
+        "trl": ("s-", "tab:orange"),
+        "gmpo": ("^-", "tab:blue"),
+    }
+    for key, ylabel, fname, scale in (
+        ("peak_extra_bytes", "peak extra memory (GB)", "lm_head_memory.png", 1e-9),
+        ("seconds", "forward+backward time (s)", "lm_head_time.png", 1.0),
+    ):
+        fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
+        for x in paths:
+            pts = [(n, best(n, x, key)) for n in tokens]
+            pts = [(n, v * scale) for n, v in pts if v is not None]
+            if pts:
+                mk, color = style[x]
+                ax.plot([a for a, _ in pts], [b for _, b in pts], mk, color=color, label=labels[x])
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(tokens, [str(n) for n in tokens])
+        ax.set_xlabel("tokens N")
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.set_title(
+            f"LM head, H={meta['hidden']}, V={meta['vocab']:,}, float32, CPU ({meta['threads']} threads)",
+            fontsize=9,
+        )
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(IMG / fname)
+        plt.close(fig)
+        print(f"wrote docs/img/{fname}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,348 @@
+"""Log-probabilities and entropies of sampled tokens from the LM head, without the (N, V) logits.
+
+An RL step needs, for every generated token, the log-probability of the sampled token under the
+policy and (for the entropy bonus and the logs) the entropy of the next-token distribution:
+
+    z = s·(h Wᵀ + b) / τ                            logits of one token, (V,); s: logit scale
+    log p_v = z_v − lse(z),   lse(z) = log Σ_v exp(z_v)
+    logp = log p_y                                  y: the sampled token
+    H = −Σ_v p_v log p_v = lse(z) − Σ_v p_v z_v
+
+Materializing z for N tokens costs N·V floats (2.5 GB at N = 4096, V = 151,936 in float32), and
+autograd keeps several such tensors alive. :func:`token_logprobs` instead walks the tokens in
+chunks of ``chunk_size`` rows: the forward keeps only ``lse`` and ``H`` (two (N,) vectors), and the
+backward recomputes each chunk's logits and turns them, in place, into the gradient
+
+    ∂L/∂z_v = g_logp · (1[v = y] − p_v) − g_H · p_v · (log p_v + H)
+
+(with g_logp, g_H the upstream gradients of ``logp`` and ``H``; the entropy term is
+dH/dz_v = −p_v (log p_v + H)), then accumulates ∂L/∂h = (∂L/∂z) W·s/τ and
+∂L/∂W += (∂L/∂z)ᵀ h·s/τ chunk by chunk. So the forward does one GEMM of N·V·H and the backward
+three (one of them the recomputation): 4/3 of the materialized path's GEMM work, for a working
+set of one (chunk, V) tile instead of several (N, V) tensors.
+
+Within a tile, the element-wise work (max, exp, sums, the gradient formula) runs on blocks of a
+few rows at a time with a scratch buffer that stays in the CPU's cache, so each tile goes through
+main memory about once per pass instead of once per operation.
+
+Precision: everything is computed in float32 (float64 for float64 inputs), whatever the inputs'
+dtype and any autocast context: bf16/fp16 inputs are upcast chunk by chunk (the weight in blocks
+of ``_VOCAB_BLOCK`` rows, so no full-size float32 copy of it exists), logits are never rounded to
+bf16, and the weight gradient is accumulated in float32 across chunks in one (V, H) buffer, cast
+to the weight's dtype once at the end. Outputs ``logps`` and ``entropies`` are float32 (float64
+for float64 inputs); the gradients reach ``hidden``, ``weight`` and ``bias`` in their own dtypes.
+
+The interface mirrors TRL 1.16's ``trl.kernels.ChunkedLogProbFunction`` (hidden states, LM-head
+weight and bias, target ids, temperature, chunk size; returns log-probs and entropies), so a
+trainer can swap one for the other.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+__all__ = ["DEFAULT_CHUNK_SIZE", "TokenLogProbs", "token_logprobs"]
+
+#: Tokens per chunk. At V = 151,936 a float32 tile of 256 tokens is 156 MB; with the float32
+#: weight gradient (V·H·4 = 545 MB at H = 896) the forward+backward stays under 0.8 GB of extra
+#: memory. Smaller chunks make the GEMMs narrower (slower) and re-read W more often; see
+#: docs/lm_head.md for the measurements behind this value.
+DEFAULT_CHUNK_SIZE = 256
+
+# Scratch bytes for the row blocks of the element-wise passes on CPU: small enough that a block
+# and its scratch stay in the last-level cache between the passes, large enough that each pass is
+# one cheap parallel region (with 2 threads, blocks of 6 rows of V = 151,936 made `amax` and
+# `sub_` 40x slower per element than blocks of 32 rows; measured with torch 2.13).
+_SCRATCH_BYTES = 20 << 20
+# Rows of the weight upcast at a time when its dtype is not the compute dtype (bf16, fp16).
+_VOCAB_BLOCK = 8192
+
+
+class TokenLogProbs(NamedTuple):
+    """Per-token outputs of :func:`token_logprobs` (unpacks as ``logps, entropies``)."""
+
+    logps: Tensor
+    """log p(y_t | context), the sampled tokens' log-probabilities. Shape: ``targets.shape``."""
+    entropies: Tensor | None
+    """Entropy of each next-token distribution, or None when not requested. Shape: ``targets.shape``."""
+
+
+def _compute_dtype(*tensors: Tensor | None) -> torch.dtype:
+    dtype = torch.float32
+    for t in tensors:
+        if t is not None:
+            dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
+
+
+def _row_block(n_rows: int, vocab: int, elem_size: int, device: torch.device) -> int:
+    """Rows per block of the element-wise passes: cache-sized on CPU, the whole tile elsewhere."""
+    if device.type != "cpu":
+        return max(n_rows, 1)
+    return max(1, min(n_rows, _SCRATCH_BYTES // (vocab * elem_size)))
+
+
+def _project(out: Tensor, h: Tensor, weight: Tensor, bias: Tensor | None) -> None:
+    """``out = h @ weight.T (+ bias)`` in ``out``'s dtype. Shape: h (n, H), weight (V, H), out (n, V)."""
+    cdt = out.dtype
+    if weight.dtype == cdt:
+        if bias is None:
+            torch.mm(h, weight.t(), out=out)
+        else:
+            torch.addmm(bias, h, weight.t(), out=out)
+        return
+    vocab = weight.shape[0]
+    for v0 in range(0, vocab, _VOCAB_BLOCK):
+        v1 = min(v0 + _VOCAB_BLOCK, vocab)
+        w = weight[v0:v1].to(cdt)  # (vb, H) upcast block
+        if bias is None:
+            torch.mm(h, w.t(), out=out[:, v0:v1])
+        else:
+            torch.addmm(bias[v0:v1], h, w.t(), out=out[:, v0:v1])
+
+
+def _backward_gemms(
+    grad_z: Tensor, h: Tensor, weight: Tensor, grad_h: Tensor | None, grad_w: Tensor | None
+) -> None:
+    """``grad_h = grad_z @ weight`` and ``grad_w += grad_z.T @ h``.
+
+    Shape: grad_z (n, V), h (n, H), weight (V, H), grad_h (n, H), grad_w (V, H).
+    """
+    cdt = grad_z.dtype
+    if weight.dtype == cdt:
+        if grad_h is not None:
+            torch.mm(grad_z, weight, out=grad_h)
+        if grad_w is not None:
+            grad_w.addmm_(grad_z.t(), h)
+        return
+    if grad_h is not None:
+        grad_h.zero_()
+    vocab = weight.shape[0]
+    for v0 in range(0, vocab, _VOCAB_BLOCK):
+        v1 = min(v0 + _VOCAB_BLOCK, vocab)
+        gz = grad_z[:, v0:v1]  # (n, vb)
+        if grad_h is not None:
+            grad_h.addmm_(gz, weight[v0:v1].to(cdt))
+        if grad_w is not None:
+            grad_w[v0:v1].addmm_(gz.t(), h)
+
+
+class _ChunkedTokenLogProbs(torch.autograd.Function):
+    """The autograd node of :func:`token_logprobs` (inputs already flattened and validated)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: Tensor,  # (N, H)
+        weight: Tensor,  # (V, H)
+        bias: Tensor | None,  # (V,)
+        targets: Tensor,  # (N,) int64
+        scale: float,  # logit_scale / temperature
+        chunk_size: int,
+        compute_entropy: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        ctx.set_materialize_grads(False)
+        n_tok, vocab = hidden.shape[0], weight.shape[0]
+        device = hidden.device
+        cdt = _compute_dtype(hidden, weight, bias)
+        bias_s = None if bias is None else bias.to(cdt) * scale  # (V,)
+
+        row_max = torch.empty(n_tok, device=device, dtype=cdt)  # max_v z_v
+        sum_exp = torch.empty(n_tok, device=device, dtype=cdt)  # Σ exp(z − max)
+        target_z = torch.empty(n_tok, device=device, dtype=cdt)  # z_y − max
+        dot = torch.empty(n_tok, device=device, dtype=cdt) if compute_entropy else None
+        tgt = targets.unsqueeze(1)  # (N, 1)
+
+        chunk = min(chunk_size, n_tok)
+        rb = _row_block(chunk, vocab, torch.finfo(cdt).bits // 8, device)
+        tile_buf = torch.empty(chunk, vocab, device=device, dtype=cdt)
+        scratch = torch.empty(rb, vocab, device=device, dtype=cdt)
+        with torch.autocast(device.type, enabled=False):
+            for s in range(0, n_tok, chunk):
+                e = min(s + chunk, n_tok)
+                tile = tile_buf[: e - s]  # (n, V)
+                h = hidden[s:e].to(cdt)  # (n, H)
+                _project(tile, h if scale == 1.0 else h * scale, weight, bias_s)
+                for r0 in range(s, e, rb):
+                    r1 = min(r0 + rb, e)
+                    blk = tile[r0 - s : r1 - s]  # (rows, V), stays in cache for the passes below
+                    sc = scratch[: r1 - r0]
+                    m = row_max[r0:r1]
+                    torch.amax(blk, dim=1, out=m)
+                    blk.sub_(m.unsqueeze(1))  # z − max
+                    torch.gather(blk, 1, tgt[r0:r1], out=target_z[r0:r1].unsqueeze(1))
+                    torch.exp(blk, out=sc)
+                    torch.sum(sc, dim=1, out=sum_exp[r0:r1])
+                    if dot is not None:  # Σ exp(z − max)·(z − max): multiply in place, then sum
+                        torch.sum(sc.mul_(blk), dim=1, out=dot[r0:r1])
+        log_sum = torch.log(sum_exp)
+        logps = target_z - log_sum  # (N,)
+        lse = row_max + log_sum  # (N,)
+        entropies = None if dot is None else log_sum - dot / sum_exp  # (N,)
+
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropies)
+        ctx.scale, ctx.chunk_size = scale, chunk_size
+        return logps, entropies
+
+    @staticmethod
+    @once_differentiable
+    def backward(
+        ctx: Any, grad_logps: Tensor | None, grad_entropies: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
+        hidden, weight, bias, targets, lse, entropies = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        if grad_logps is None and grad_entropies is None:
+            return None, None, None, None, None, None, None
+        n_tok, vocab = hidden.shape[0], weight.shape[0]
+        device = hidden.device
+        cdt = lse.dtype
+        scale: float = ctx.scale
+        bias_s = None if bias is None else bias.to(cdt) * scale
+
+        # ∂L/∂(h Wᵀ + b) = ∂L/∂z · s / τ: fold s / τ into the per-token upstream gradients.
+        g_l = None if grad_logps is None else grad_logps.to(cdt) * scale  # (N,)
+        if grad_entropies is not None:
+            g_e = grad_entropies.to(cdt) * scale  # (N,)
+            # ∂L/∂z_v = g_l·1[v = y] − p_v·(g_l + g_e·H + g_e·log p_v)
+            neg_ge = -g_e
+            neg_c = -(g_e * entropies) if g_l is None else -(g_l + g_e * entropies)
+        else:
+            neg_ge = None
+            neg_c = None if g_l is None else -g_l
+        tgt = targets.unsqueeze(1)  # (N, 1)
+
+        grad_h = torch.empty(n_tok, hidden.shape[1], device=device, dtype=cdt) if need_h else None
+        grad_w = torch.zeros(weight.shape, device=device, dtype=cdt) if need_w else None
+        grad_b = torch.zeros(vocab, device=device, dtype=cdt) if need_b else None
+
+        chunk = min(ctx.chunk_size, n_tok)
+        rb = _row_block(chunk, vocab, torch.finfo(cdt).bits // 8, device)
+        tile_buf = torch.empty(chunk, vocab, device=device, dtype=cdt)
+        scratch = torch.empty(rb, vocab, device=device, dtype=cdt) if neg_ge is not None else None
+        with torch.autocast(device.type, enabled=False):
+            for s in range(0, n_tok, chunk):
+                e = min(s + chunk, n_tok)
+                tile = tile_buf[: e - s]  # (n, V)
+                h = hidden[s:e].to(cdt)  # (n, H)
+                _project(tile, h if scale == 1.0 else h * scale, weight, bias_s)
+                for r0 in range(s, e, rb):
+                    r1 = min(r0 + rb, e)
+                    blk = tile[r0 - s : r1 - s]  # (rows, V)
+                    blk.sub_(lse[r0:r1].unsqueeze(1))  # log p
+                    if neg_ge is not None and scratch is not None and neg_c is not None:
+                        sc = scratch[: r1 - r0]
+                        torch.exp(blk, out=sc)  # p
+                        blk.mul_(neg_ge[r0:r1].unsqueeze(1)).add_(neg_c[r0:r1].unsqueeze(1))
+                        blk.mul_(sc)
+                    elif neg_c is not None:
+                        blk.exp_().mul_(neg_c[r0:r1].unsqueeze(1))
+                    if g_l is not None:
+                        blk.scatter_add_(1, tgt[r0:r1], g_l[r0:r1].unsqueeze(1))
+                _backward_gemms(tile, h, weight, None if grad_h is None else grad_h[s:e], grad_w)
+                if grad_b is not None:
+                    grad_b.add_(tile.sum(0))
+
+        return (
+            None if grad_h is None else grad_h.to(hidden.dtype),
+            None if grad_w is None else grad_w.to(weight.dtype),
+            None if grad_b is None or bias is None else grad_b.to(bias.dtype),
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def token_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    *,
+    bias: Tensor | None = None,
+    temperature: float = 1.0,
+    logit_scale: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    compute_entropy: bool = True,
+) -> TokenLogProbs:
+    """Sampled tokens' log-probabilities and entropies from hidden states and the LM-head weight.
+
+    With logits z = s·(h Wᵀ + b) / τ of each token (τ = ``temperature``, s = ``logit_scale``):
+
+        logps = z_y − log Σ_v exp(z_v)
+        entropies = −Σ_v p_v log p_v,   p = softmax(z)
+
+    computed ``chunk_size`` tokens at a time; the (N, V) logits are never materialized, in the
+    forward or the backward (which recomputes each chunk's logits). Gradients flow to ``hidden``,
+    ``weight`` and ``bias`` from both outputs (dH/dz_v = −p_v (log p_v + H)). Equal, within
+    float32 rounding, to ``log_softmax((hidden @ weight.T + bias) / τ).gather(-1, targets)`` and
+    the entropy of the same distribution.
+
+    Shape:
+        hidden: (..., H), e.g. (N, H) or (B, T, H); any floating dtype.
+        weight: (V, H), the LM head's weight (``lm_head.weight``).
+        targets: (...), integer token ids in [0, V), the leading shape of ``hidden``. Masked
+            positions must hold a valid id (e.g. ``labels.clamp(min=0)``) and be masked after.
+        bias: (V,) or None.
+        logps, entropies: ``targets.shape``, float32 (float64 for float64 inputs).
+
+    Args:
+        temperature: the logits are divided by it (the sampling temperature), > 0.
+        logit_scale: the logits are multiplied by it (> 0): the ``logit_scale`` some models'
+            configs carry (TRL's ``ChunkedLogProbFunction`` argument of the same name).
+            Final-logit soft-capping (Gemma 2) is not supported.
+        chunk_size: tokens per chunk (>= 1). Peak extra memory is about one float32 (chunk, V)
+            tile plus the float32 (V, H) weight gradient; see ``DEFAULT_CHUNK_SIZE``.
+        compute_entropy: when False, ``entropies`` is None and the forward skips its reduction.
+
+    Returns:
+        :class:`TokenLogProbs` ``(logps, entropies)``.
+
+    Raises:
+        ValueError: on mismatched shapes, non-integer targets, a non-floating hidden or weight,
+            ``temperature`` or ``logit_scale`` not finite and > 0, or ``chunk_size`` < 1.
+    """
+    if not hidden.is_floating_point() or not weight.is_floating_point():
+        raise ValueError(
+            f"hidden and weight must be floating point, got {hidden.dtype} and {weight.dtype}"
+        )
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be (V, H), got shape {tuple(weight.shape)}")
+    if hidden.dim() < 1 or hidden.shape[-1] != weight.shape[1]:
+        raise ValueError(
+            f"hidden must be (..., H) with H = weight.shape[1] = {weight.shape[1]}, "
+            f"got hidden {tuple(hidden.shape)}"
+        )
+    if tuple(targets.shape) != tuple(hidden.shape[:-1]):
+        raise ValueError(
+            f"targets must have hidden's leading shape {tuple(hidden.shape[:-1])}, "
+            f"got {tuple(targets.shape)}"
+        )
+    if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
+        raise ValueError(f"targets must be integer token ids, got {targets.dtype}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"bias must be (V,) = ({weight.shape[0]},), got {tuple(bias.shape)}")
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be finite and > 0, got {temperature}")
+    if not (math.isfinite(logit_scale) and logit_scale > 0):
+        raise ValueError(f"logit_scale must be finite and > 0, got {logit_scale}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
+
+    lead = targets.shape
+    h2 = hidden.reshape(-1, hidden.shape[-1])  # (N, H)
+    t1 = targets.reshape(-1).long()  # (N,)
+    if h2.shape[0] == 0:
+        cdt = _compute_dtype(hidden, weight, bias)
+        zero = (h2.sum(-1) + weight.sum() * 0).to(cdt).reshape(lead)  # keeps the graph connected
+        return TokenLogProbs(zero, zero.clone() if compute_entropy else None)
+    logps, entropies = _ChunkedTokenLogProbs.apply(  # type: ignore[no-untyped-call]
+        h2, weight, bias, t1, float(logit_scale) / float(temperature), chunk_size, compute_entropy
+    )
+    return TokenLogProbs(
+        logps.reshape(lead), None if entropies is None else entropies.reshape(lead)
+    )
