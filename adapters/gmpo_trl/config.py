@@ -86,6 +86,14 @@ class GMPOConfig(GRPOConfig):
             "'compiled' or 'eager' (plain autograd; for debugging)."
         },
     )
+    gmpo_lm_head: bool = field(
+        default=False,
+        metadata={
+            "help": "Score tokens with gmpo_core.token_logprobs instead of TRL's chunked LM head "
+            "(far less memory for the head's backward; see docs/lm_head.md). Off by default "
+            "until it is measured faster and leaner inside the trainer step."
+        },
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -23,6 +23,7 @@ from trl import GRPOConfig, GRPOTrainer
 from gmpo_core import gmpo_loss, sequence_kl
 from gmpo_trl.config import GMPOConfig, check_config
 from gmpo_trl.fields import COMPUTE_LOSS_SHA256
+from gmpo_trl.lm_head import lm_head_swapped
 
 # The forward's optional inputs (multimodal fields...), read from the helper's own signature so a
 # field TRL adds there reaches the model without a change here.
@@ -83,6 +84,14 @@ class GMPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------
     # the loss step
     # ------------------------------------------------------------------------------------------
+
+    def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:
+        """GRPOTrainer's, with gmpo_core's LM head in place of TRL's when ``gmpo_lm_head`` is
+        set (for every scoring pass: current, old and reference log-probs alike)."""
+        if not self.args.gmpo_lm_head:
+            return super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        with lm_head_swapped():
+            return super()._get_per_token_logps_and_entropies(*args, **kwargs)
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Tensor:
         mode = "train" if self.model.training else "eval"

@@ -429,3 +429,34 @@ def test_bf16_log_probs_are_computed_in_float32(tmp_path):
     assert loss.dtype == torch.float32
     torch.testing.assert_close(loss, f32_loss, rtol=1e-2, atol=1e-3)
     assert (grad - f32_grad).abs().max() < 2e-2 * f32_grad.abs().max()
+
+
+def test_gmpo_lm_head_matches_trls_chunked_head(tmp_path):
+    """gmpo_lm_head=True: gmpo_core.token_logprobs scores the tokens instead of TRL's
+    ChunkedLogProbFunction; loss, gradients and metrics (entropy included) are the same."""
+    from gmpo_trl import lm_head
+
+    calls = []
+    original = lm_head.token_logprobs
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(kwargs.get("compute_entropy"))
+        return original(*args, **kwargs)
+
+    trl_head = make_trainer(tmp_path, beta=0.04, entropy_coef=0.01)
+    ours = make_trainer(tmp_path, beta=0.04, entropy_coef=0.01, gmpo_lm_head=True)
+    inputs = make_inputs(trl_head, drift=0.5, ref_drift=0.3, empty_row=True, zero_advantage=True)
+    loss, grad = loss_and_grad(trl_head, inputs)
+    lm_head.token_logprobs = counting
+    try:
+        our_loss, our_grad = loss_and_grad(ours, inputs)
+    finally:
+        lm_head.token_logprobs = original
+    assert calls and all(calls)  # our head ran, with entropies, for the loss step
+    torch.testing.assert_close(our_loss, loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(our_grad, grad, rtol=1e-4, atol=1e-6)
+    assert last_metrics(ours) == pytest.approx(last_metrics(trl_head), rel=1e-4, abs=1e-6)
+    import trl.trainer.utils as trl_utils
+    from trl.kernels import ChunkedLogProbFunction
+
+    assert trl_utils._ChunkedLogProbFunction is ChunkedLogProbFunction  # restored after the call

@@ -1,0 +1,59 @@
+"""``GMPOConfig(gmpo_lm_head=True)``: TRL's chunked LM head replaced by :func:`gmpo_core.token_logprobs`.
+
+TRL 1.16's GRPOTrainer scores completions through a patched model forward that calls
+``trl.trainer.utils._ChunkedLogProbFunction.apply(hidden, weight, bias, labels, temperature,
+chunk_size, final_logit_softcapping, logit_scale, outputs)``. :func:`lm_head_swapped` puts
+:class:`TokenLogProbHead` in that place for the duration of a call: same arguments, same five
+outputs, log-probs and entropies from ``gmpo_core`` (chunks over tokens, a recomputing backward,
+never the (N, V) logits). What ``gmpo_core`` does not compute (a logit soft-cap, or the extra
+fields ``log_sum_sq_probs``, ``mean_logits``, ``is_top1``) goes to TRL's own head unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import trl.trainer.utils as trl_utils
+from torch import Tensor
+
+from gmpo_core import token_logprobs
+
+_OURS = {"log_probs", "entropy"}
+
+
+class TokenLogProbHead:
+    """Stands where TRL's ``ChunkedLogProbFunction`` stands, with its ``apply`` signature."""
+
+    fallback: Any = None  # TRL's class, set by lm_head_swapped
+
+    @classmethod
+    def apply(
+        cls, hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor,
+        temperature: float, chunk_size: int, softcap: float | None, logit_scale: float,
+        outputs: tuple[str, ...],
+    ) -> tuple[Tensor | None, ...]:  # fmt: skip
+        if softcap is not None or not set(outputs) <= _OURS:
+            return cls.fallback.apply(  # type: ignore[no-any-return]
+                hidden, weight, bias, labels, temperature, chunk_size, softcap, logit_scale,
+                outputs,
+            )  # fmt: skip
+        # chunk_size is TRL's (vocabulary columns); gmpo_core chunks tokens, with its own default
+        logps, entropies = token_logprobs(
+            hidden, weight, labels, bias=bias, temperature=temperature, logit_scale=logit_scale,
+            compute_entropy="entropy" in outputs,
+        )  # fmt: skip
+        return logps, entropies, None, None, None
+
+
+@contextlib.contextmanager
+def lm_head_swapped() -> Iterator[None]:
+    """Within the block, TRL's patched forward scores tokens with :class:`TokenLogProbHead`."""
+    original = trl_utils._ChunkedLogProbFunction
+    TokenLogProbHead.fallback = original
+    trl_utils._ChunkedLogProbFunction = TokenLogProbHead
+    try:
+        yield
+    finally:
+        trl_utils._ChunkedLogProbFunction = original
