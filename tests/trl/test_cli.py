@@ -49,7 +49,8 @@ def test_reward_and_dataset_options(tmp_path, monkeypatch):
     data.write_text("".join(json.dumps({"prompt": f"{d}="}) + "\n" for d in range(8)))
     out = tmp_path / "out"
     argv = ["train", "--output_dir", str(out), "--max_steps", "2", "--per_device_train_batch_size",
-            "16", "--reward", "my_rewards:always", "--dataset", str(data)]  # fmt: skip
+            "16", "--reward", "my_rewards:always", "--dataset", str(data),
+            "--num_iterations", "1", "--steps_per_generation", "1"]  # a reward every step  # fmt: skip
     assert main(argv) == 0
     assert [r["reward"] for r in read_metrics(out / "metrics.jsonl")] == [1.0, 1.0]
 
