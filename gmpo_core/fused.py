@@ -30,7 +30,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from gmpo_core.loss import GMPOOutput, compute, compute_dtype
-from gmpo_core.ops import ClipStats, _rows, _valid, metric_vector
+from gmpo_core.ops import ClipStats, _row_bounds, _rows, _valid, metric_vector
 
 
 def _forward_kernel(
@@ -74,8 +74,8 @@ def _backward_kernel(
     valid = _valid(mask, w_tok)
     lp = logp.to(cdt)
     r = lp - old_logp.to(cdt)  # (B, T); NaN at invalid positions is selected away below
-    a = _rows(adv.to(cdt), r)
-    unclipped = torch.where(a >= 0, r <= eps_high, (r >= -eps_low) & (r <= log_dual))
+    lo, hi = _row_bounds(adv.to(cdt), eps_low, eps_high, log_dual)
+    unclipped = (r >= _rows(lo, r)) & (r <= _rows(hi, r))  # where clamp passes the gradient
     nf = n.clamp(min=1).to(cdt)  # (B,)
     grad_ps = grad_ps + grad_loss / grad_ps.shape[0]  # loss = mean of per_sequence_loss
     grad = torch.where(valid & unclipped, _rows((grad_lc + grad_ps * policy) / nf, r), 0)

@@ -32,16 +32,24 @@ def _rows(values: Tensor, like: Tensor) -> Tensor:
     return values.reshape(values.shape + (1,) * (like.dim() - values.dim()))
 
 
+def _row_bounds(
+    adv: Tensor, eps_low: Bound, eps_high: Bound, log_dual: Bound | None
+) -> tuple[Tensor, Tensor]:
+    """Each row's one-sided trust region as bounds on r: ``[-inf, eps_h]`` where A >= 0,
+    ``[-eps_l, log dual_clip or +inf]`` where A < 0. Shape: (B,) -> (B,), (B,)."""
+    pos = adv >= 0
+    inf = torch.full_like(adv, float("inf"))
+    lo = torch.where(pos, -inf, -eps_low)
+    hi = torch.where(pos, eps_high, inf if log_dual is None else log_dual)
+    return lo, hi
+
+
 def _trust_region(
     r: Tensor, adv: Tensor, eps_low: Bound, eps_high: Bound, log_dual: Bound | None
 ) -> Tensor:
-    a = _rows(adv, r)
-    # clamp takes a number or a 0-d tensor as a bound (the fused path passes tensors)
-    return torch.where(
-        a >= 0,
-        r.clamp(max=eps_high),
-        r.clamp(min=-eps_low, max=log_dual),  # type: ignore[arg-type]
-    )
+    # one clamp between per-row bounds: a value on a bound keeps gradient 1, as with clamp
+    lo, hi = _row_bounds(adv, eps_low, eps_high, log_dual)
+    return r.clamp(min=_rows(lo, r), max=_rows(hi, r))
 
 
 def _masked_mean(x: Tensor, valid: Tensor, n: Tensor) -> Tensor:
@@ -65,14 +73,14 @@ def _clip_counts(
     r: Tensor, adv: Tensor, valid: Tensor, eps_low: Bound, eps_high: Bound, log_dual: Bound | None
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Per-row counts of tokens where the low, high and dual clip took effect."""
-    a = _rows(adv, r)
-    # one count for both sides: a row is either A < 0 (low side) or A > 0 (high side)
-    beyond = _count(valid & torch.where(a < 0, r < -eps_low, r > eps_high), r)  # (B,)
-    low = torch.where(adv < 0, beyond, 0)
-    high = torch.where(adv > 0, beyond, 0)
+    lo, hi = _row_bounds(adv, eps_low, eps_high, log_dual)
+    below = _count(valid & (r < _rows(lo, r)), r)  # (B,): A < 0 rows only (lo = -inf otherwise)
+    above = _count(valid & (r > _rows(hi, r)), r)  # (B,): eps_h where A >= 0, dual where A < 0
+    low = torch.where(adv < 0, below, 0)
+    high = torch.where(adv > 0, above, 0)
     if log_dual is None:
         return low, high, None
-    return low, high, torch.where(adv < 0, _count(valid & (r > log_dual), r), 0)
+    return low, high, torch.where(adv < 0, above, 0)
 
 
 def _valid(mask: Tensor, w_tok: Tensor | None) -> Tensor:
