@@ -40,6 +40,7 @@ trainer can swap one for the other.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -106,6 +107,23 @@ def _project(out: Tensor, h: Tensor, weight: Tensor, bias: Tensor | None) -> Non
             torch.addmm(bias[v0:v1], h, w.t(), out=out[:, v0:v1])
 
 
+def _logit_tiles(
+    hidden: Tensor, weight: Tensor, bias_s: Tensor | None, scale: float, chunk: int,
+    cdt: torch.dtype,
+) -> Iterator[tuple[int, int, Tensor, Tensor]]:  # fmt: skip
+    """``(s, e, h, tile)`` for each chunk of tokens: its hidden states in the compute dtype
+    ``(e - s, H)`` and its scaled logits ``(e - s, V)``,
+    projected into one buffer that every chunk reuses (forward and recomputing backward)."""
+    n_tok, vocab = hidden.shape[0], weight.shape[0]
+    tile_buf = torch.empty(chunk, vocab, device=hidden.device, dtype=cdt)
+    for s in range(0, n_tok, chunk):
+        e = min(s + chunk, n_tok)
+        tile = tile_buf[: e - s]  # (n, V)
+        h = hidden[s:e].to(cdt)  # (n, H)
+        _project(tile, h if scale == 1.0 else h * scale, weight, bias_s)
+        yield s, e, h, tile
+
+
 def _backward_gemms(
     grad_z: Tensor, h: Tensor, weight: Tensor, grad_h: Tensor | None, grad_w: Tensor | None
 ) -> None:
@@ -160,14 +178,9 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
 
         chunk = min(chunk_size, n_tok)
         rb = _row_block(chunk, vocab, torch.finfo(cdt).bits // 8, device)
-        tile_buf = torch.empty(chunk, vocab, device=device, dtype=cdt)
         scratch = torch.empty(rb, vocab, device=device, dtype=cdt)
         with torch.autocast(device.type, enabled=False):
-            for s in range(0, n_tok, chunk):
-                e = min(s + chunk, n_tok)
-                tile = tile_buf[: e - s]  # (n, V)
-                h = hidden[s:e].to(cdt)  # (n, H)
-                _project(tile, h if scale == 1.0 else h * scale, weight, bias_s)
+            for s, e, _h, tile in _logit_tiles(hidden, weight, bias_s, scale, chunk, cdt):
                 for r0 in range(s, e, rb):
                     r1 = min(r0 + rb, e)
                     blk = tile[r0 - s : r1 - s]  # (rows, V), stays in cache for the passes below
@@ -222,14 +235,9 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
 
         chunk = min(ctx.chunk_size, n_tok)
         rb = _row_block(chunk, vocab, torch.finfo(cdt).bits // 8, device)
-        tile_buf = torch.empty(chunk, vocab, device=device, dtype=cdt)
         scratch = torch.empty(rb, vocab, device=device, dtype=cdt) if neg_ge is not None else None
         with torch.autocast(device.type, enabled=False):
-            for s in range(0, n_tok, chunk):
-                e = min(s + chunk, n_tok)
-                tile = tile_buf[: e - s]  # (n, V)
-                h = hidden[s:e].to(cdt)  # (n, H)
-                _project(tile, h if scale == 1.0 else h * scale, weight, bias_s)
+            for s, e, h, tile in _logit_tiles(hidden, weight, bias_s, scale, chunk, cdt):
                 for r0 in range(s, e, rb):
                     r1 = min(r0 + rb, e)
                     blk = tile[r0 - s : r1 - s]  # (rows, V)
