@@ -13,14 +13,19 @@ same kernel), ``g_lc_i`` the upstream gradient of ``log_coef_i``, and ``policy_i
 policy term (its own derivative with respect to ``log_coef``). So a forward+backward reads logp,
 old_logp and the mask twice and writes the gradient once: close to the memory-bandwidth bound.
 
-The kernels are plain tensor functions; :func:`compile_kernels` wraps them in ``torch.compile``
-(dynamic shapes, full graph). ``impl="auto"`` falls back to running them eagerly, with one
-warning, where compilation fails.
+The kernels are plain tensor functions. :func:`compile_kernels` compiles them with Inductor for
+symbolic sizes and calls the generated code directly, without Dynamo's per-call work
+(:class:`_Direct`; ``torch.compile(dynamic=True, fullgraph=True)`` where that is not possible).
+The statistics leave the autograd function outside its outputs, so autograd tracks three tensors.
+``impl="auto"`` falls back to running the kernels eagerly, with one warning, where compilation
+fails.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
+import logging
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -32,6 +37,14 @@ from torch.autograd.function import once_differentiable
 from gmpo_core.loss import GMPOOutput, compute, compute_dtype
 from gmpo_core.ops import ClipStats, _row_bounds, _rows, _valid, metric_vector
 
+_log = logging.getLogger(__name__)
+
+
+def _unpack(params: Tensor, dual: bool) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+    """eps_low, eps_high, log dual_clip (None without a dual clip: one clip count per row), beta.
+    Indexing, not ``unbind``: the kernels are traced with a symbolic size for ``params`` too."""
+    return params[0], params[1], params[2] if dual else None, params[3]
+
 
 def _forward_kernel(
     logp: Tensor,
@@ -42,9 +55,10 @@ def _forward_kernel(
     w_tok: Tensor | None,
     w_row: Tensor | None,
     params: Tensor,
+    dual: bool,
 ) -> tuple[Tensor | None, ...]:
     """Every row-level quantity in one pass over the (B, T) inputs, and the metrics."""
-    eps_low, eps_high, log_dual, beta = params.unbind()
+    eps_low, eps_high, log_dual, beta = _unpack(params, dual)
     per_seq, log_coef, policy, n, stats, kl_rows = compute(
         logp, old_logp, adv, mask, ref_logp, w_tok, w_row,
         eps_low, eps_high, log_dual, beta, params.dtype,
@@ -67,9 +81,10 @@ def _backward_kernel(
     policy: Tensor,
     n: Tensor,
     params: Tensor,
+    dual: bool,
 ) -> Tensor:
     """The gradient with respect to ``logp`` in one pass (formula in the module docstring)."""
-    eps_low, eps_high, log_dual, beta = params.unbind()
+    eps_low, eps_high, log_dual, beta = _unpack(params, dual)
     cdt = params.dtype
     valid = _valid(mask, w_tok)
     lp = logp.to(cdt)
@@ -93,9 +108,87 @@ class Kernels(NamedTuple):
 
 EAGER_KERNELS = Kernels(_forward_kernel, _backward_kernel, compiled=False)
 
+# Sizes the direct path traces with: symbolic, so any (B, T) with B, T >= 2 reuses the code; two
+# distinct primes, so that no size coincidence is baked in.
+_TRACE_B, _TRACE_T = 5, 7
+
+
+class _Direct:
+    """``fn`` compiled by Inductor once per input signature and called without Dynamo.
+
+    A kernel call through ``torch.compile`` spends 30-50 us in Dynamo's frame evaluation, guards
+    and AOTAutograd's runtime wrappers, more than the kernel itself below ~2^17 tokens. The
+    kernels need none of it: the autograd graph is ours (:class:`_FusedGMPO`), the guards are
+    the signature key below (dtypes, devices, ranks, which optional inputs are present, the
+    Python arguments), and the sizes are symbolic. So the kernel is traced once per signature
+    with ``make_fx`` (symbolic sizes, Inductor's decompositions) and handed to Inductor's
+    ``compile_fx_inner``, which is what ``torch.compile`` does after Dynamo and AOTAutograd.
+    Those are PyTorch internals: if this fails on an installed version, the kernel goes through
+    ``torch.compile(dynamic=True, fullgraph=True)`` instead (``fallback``), so the speed may
+    change but not the result.
+    """
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.fallback = torch.compile(fn, dynamic=True, fullgraph=True)
+        self.cache: dict[tuple[Any, ...], Callable[[list[Tensor]], Any] | None] = {}
+        self.single = False  # fn returns one tensor, not a tuple (found when it is traced)
+        self.static = list(inspect.signature(fn).parameters).index("params")  # size 4, fixed
+
+    def __call__(self, *args: Any) -> Any:
+        if torch.compiler.is_compiling():  # inside a user's torch.compile: let it trace fn
+            return self.fn(*args)
+        key = tuple((a.dtype, a.device, a.dim()) if isinstance(a, Tensor) else a for a in args)
+        if key not in self.cache:
+            self.cache[key] = self._build(args)
+        compiled = self.cache[key]
+        if compiled is None:
+            return self.fallback(*args)
+        out = compiled([a.contiguous() for a in args if isinstance(a, Tensor)])
+        return out[0] if self.single else tuple(out)
+
+    def _build(self, args: tuple[Any, ...]) -> Callable[[list[Tensor]], Any] | None:
+        # the PyTorch internals are imported here: a missing one only disables the direct path
+        try:
+            from torch._inductor.compile_fx import compile_fx_inner
+            from torch._inductor.decomposition import select_decomp_table
+            from torch.fx.experimental.proxy_tensor import make_fx
+
+            def example(i: int, t: Tensor) -> Tensor:
+                shape = t.shape if i == self.static else (_TRACE_B, _TRACE_T)[: t.dim()]
+                return torch.zeros(shape, dtype=t.dtype, device=t.device)
+
+            def flat(*tensors: Tensor) -> tuple[Tensor | None, ...]:
+                it = iter(tensors)
+                out = self.fn(*(next(it) if isinstance(a, Tensor) else a for a in args))
+                self.single = isinstance(out, Tensor)
+                return (out,) if self.single else out  # Inductor compiles sequence outputs only
+
+            examples = [example(i, a) for i, a in enumerate(args) if isinstance(a, Tensor)]
+            with torch.no_grad():
+                gm = make_fx(
+                    flat, tracing_mode="symbolic", decomposition_table=select_decomp_table()
+                )(*examples)
+                fakes = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+                # Nothing checks sizes at call time, so tracing must not have assumed any about
+                # B or T (beyond >= 2); the only size it may test is that of ``params``.
+                shape_env = fakes[0].fake_mode.shape_env
+                params = fakes[sum(isinstance(a, Tensor) for a in args[: self.static])]
+                allowed = set(params.shape[0].node.expr.free_symbols)
+                for guard in shape_env.guards:
+                    if not guard.expr.free_symbols <= allowed:
+                        raise RuntimeError(f"tracing assumed {guard.expr} about the sizes")
+                return compile_fx_inner(gm, fakes)
+        except Exception as e:  # any failure: the same kernel through torch.compile
+            _log.info("gmpo_core: direct Inductor compile failed (%r); using torch.compile", e)
+            return None
+
 
 def compile_kernels(backend: Any = "inductor") -> Kernels:
-    """The two kernels under ``torch.compile(dynamic=True, fullgraph=True)``."""
+    """The two kernels compiled: by Inductor without Dynamo (:class:`_Direct`) for the default
+    backend, else under ``torch.compile(dynamic=True, fullgraph=True, backend=backend)``."""
+    if backend == "inductor":
+        return Kernels(_Direct(_forward_kernel), _Direct(_backward_kernel), compiled=True)
     compile_ = functools.partial(torch.compile, dynamic=True, fullgraph=True, backend=backend)
     return Kernels(compile_(_forward_kernel), compile_(_backward_kernel), compiled=True)
 
@@ -160,31 +253,36 @@ class _FusedGMPO(torch.autograd.Function):
         w_tok: Tensor | None,
         w_row: Tensor | None,
         params: Tensor,
+        dual: bool,
         kernels: Kernels,
         strict: bool,
-    ) -> tuple[Tensor, ...]:
+        extra: list[Tensor | None],
+    ) -> tuple[Tensor, Tensor, Tensor]:
         out = _run(
-            kernels, strict, "forward", logp, old_logp, adv, mask, ref_logp, w_tok, w_row, params
-        )
+            kernels, strict, "forward",
+            logp, old_logp, adv, mask, ref_logp, w_tok, w_row, params, dual,
+        )  # fmt: skip
         loss, per_seq, log_coef, policy, n, *rest = out
+        # The statistics leave through ``extra``, not as outputs: autograd tracks three tensors.
+        extra.extend(rest)
         ctx.save_for_backward(logp, old_logp, adv, mask, ref_logp, w_tok, policy, n, params)
-        ctx.kernels, ctx.strict = kernels, strict
-        ctx.mark_non_differentiable(*[t for t in rest if t is not None])
-        return (loss, per_seq, log_coef, *rest)
+        ctx.dual, ctx.kernels, ctx.strict = dual, kernels, strict
+        return loss, per_seq, log_coef
 
     @staticmethod
     @once_differentiable
     def backward(
-        ctx: Any, grad_loss: Tensor, grad_ps: Tensor, grad_lc: Tensor, *_: Any
+        ctx: Any, grad_loss: Tensor, grad_ps: Tensor, grad_lc: Tensor
     ) -> tuple[Tensor | None, ...]:
         logp, old_logp, adv, mask, ref_logp, w_tok, policy, n, params = ctx.saved_tensors
         grad = None
         if ctx.needs_input_grad[0]:
             grad = _run(
                 ctx.kernels, ctx.strict, "backward",
-                grad_loss, grad_ps, grad_lc, logp, old_logp, adv, mask, ref_logp, w_tok, policy, n, params,
+                grad_loss, grad_ps, grad_lc, logp, old_logp, adv, mask, ref_logp, w_tok, policy, n,
+                params, ctx.dual,
             )  # fmt: skip
-        return (grad,) + (None,) * 9
+        return (grad,) + (None,) * 11
 
 
 def fused_gmpo(
@@ -211,11 +309,12 @@ def fused_gmpo(
     if mask.dtype == torch.bool:
         mask = mask.view(torch.uint8)  # zero-copy; see ops._valid
     params = _params(eps_low, eps_high, log_dual, beta, compute_dtype(logp.dtype), logp.device)
-    loss, per_seq, log_coef, *rest = _FusedGMPO.apply(  # type: ignore[no-untyped-call]
-        logp, old_logp, advantages.detach(), mask, ref_logp, w_tok, w_row, params, kernels, strict
-    )
-    *stats, kl_sum, metrics = rest
-    if log_dual is None:
-        stats[3] = None  # no dual clip: no dual count
+    extra: list[Tensor | None] = []
+    loss, per_seq, log_coef = _FusedGMPO.apply(  # type: ignore[no-untyped-call]
+        logp, old_logp, advantages.detach(), mask, ref_logp, w_tok, w_row, params,
+        log_dual is not None, kernels, strict, extra,
+    )  # fmt: skip
+    *stats, kl_sum, metrics = extra
     kl = None if ref_logp is None else kl_sum
-    return GMPOOutput(loss, per_seq, log_coef, ClipStats(*stats), kl, metrics)
+    clip_stats = ClipStats(*stats)  # type: ignore[arg-type]
+    return GMPOOutput(loss, per_seq, log_coef, clip_stats, kl, metrics)

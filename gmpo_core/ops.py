@@ -74,13 +74,19 @@ def _clip_counts(
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Per-row counts of tokens where the low, high and dual clip took effect."""
     lo, hi = _row_bounds(adv, eps_low, eps_high, log_dual)
-    below = _count(valid & (r < _rows(lo, r)), r)  # (B,): A < 0 rows only (lo = -inf otherwise)
-    above = _count(valid & (r > _rows(hi, r)), r)  # (B,): eps_h where A >= 0, dual where A < 0
-    low = torch.where(adv < 0, below, 0)
-    high = torch.where(adv > 0, above, 0)
+    lo, hi = _rows(lo, r), _rows(hi, r)
     if log_dual is None:
-        return low, high, None
-    return low, high, torch.where(adv < 0, above, 0)
+        # without a dual clip a row can be clipped on one side only, the one its sign picks:
+        # one count per row
+        clipped = _count(valid & ((r < lo) | (r > hi)), r)  # (B,)
+        return torch.where(adv < 0, clipped, 0), torch.where(adv > 0, clipped, 0), None
+    below = _count(valid & (r < lo), r)  # (B,): A < 0 rows only (lo = -inf otherwise)
+    above = _count(valid & (r > hi), r)  # (B,): eps_h where A >= 0, dual where A < 0
+    return (
+        torch.where(adv < 0, below, 0),
+        torch.where(adv > 0, above, 0),
+        torch.where(adv < 0, above, 0),
+    )
 
 
 def _valid(mask: Tensor, w_tok: Tensor | None) -> Tensor:

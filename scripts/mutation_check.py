@@ -71,8 +71,8 @@ M = [
     (
         "high clip counts A >= 0",
         "gmpo_core/ops.py",
-        "high = torch.where(adv > 0, above, 0)",
-        "high = torch.where(adv >= 0, above, 0)",
+        "return torch.where(adv < 0, clipped, 0), torch.where(adv > 0, clipped, 0), None",
+        "return torch.where(adv < 0, clipped, 0), torch.where(adv >= 0, clipped, 0), None",
         "tests/test_properties.py -k 'matches_reference_float32 and eager'",
     ),
     (
