@@ -64,7 +64,8 @@ IMG_DIR = REPO / "docs" / "img"
 EPSILON = 0.4  # log-space clip, both sides: the paper's exp(+-0.4), TRL's and verl's setting here
 BYTES_PER_TOKEN = 13  # logp 4 + old_logp 4 + mask 1 (bool) read, gradient 4 written
 COPY_MIB = 256  # large enough not to run from the last-level cache
-DEFAULT_SHAPES = ((8, 256), (32, 1024), (64, 2048), (128, 4096), (256, 4096), (512, 8192))
+# (2, 16): 32 tokens, nothing to compute: its time is each implementation's per-call overhead
+DEFAULT_SHAPES = ((2, 16), (8, 256), (32, 1024), (64, 2048), (128, 4096), (256, 4096), (512, 8192))
 QUICK_SHAPES = ((8, 256), (32, 1024))
 LARGE_TOKENS = 1 << 21  # shapes with more tokens than this get --repeats-large repeats
 # Children allocate every buffer above 128 KiB with mmap and give it back on free, so that their
@@ -626,7 +627,25 @@ def render_tables(records: Sequence[dict[str, Any]], bandwidth: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_markdown(meta: Mapping[str, Any], tables: str) -> str:
+def _overhead_line(records: Sequence[Mapping[str, Any]]) -> str:
+    """Per-call overhead: each implementation's forward+backward time at the smallest shape, if
+    that shape has at most 64 tokens (no work to speak of)."""
+    timed = [r for r in records if "time_ms" in r]
+    if not timed:
+        return ""
+    smallest = min(r["tokens"] for r in timed)
+    if smallest > 64:
+        return ""
+    parts = [f"{r['label']} {r['time_ms'] * 1e3:.0f} µs" for r in timed if r["tokens"] == smallest]
+    shape = next(f"{r['batch']}×{r['seq']}" for r in timed if r["tokens"] == smallest)
+    return f"- per-call overhead (forward+backward at {shape}, {smallest} tokens): " + ", ".join(
+        parts
+    )
+
+
+def render_markdown(
+    meta: Mapping[str, Any], tables: str, records: Sequence[Mapping[str, Any]] = ()
+) -> str:
     bw = meta["copy_bandwidth_gbps"]
     info = [
         f"- command: `{meta['command']}`",
@@ -642,6 +661,8 @@ def render_markdown(meta: Mapping[str, Any], tables: str) -> str:
         f"- repeats: {meta['repeats']} ({meta['repeats_large']} above {LARGE_TOKENS} tokens), "
         f"after {meta['warmup']} warmup calls each (compilation excluded)",
     ]
+    if overhead := _overhead_line(records):
+        info.append(overhead)
     return (
         "# GMPO loss: forward+backward time and peak extra memory\n\n"
         + "\n".join(info)
@@ -916,13 +937,15 @@ def write_outputs(
     tables = render_tables(records, bandwidth)
     print()
     print(tables, flush=True)
+    if overhead := _overhead_line(records):
+        print(overhead.removeprefix("- "), flush=True)
     if args.no_write:
         return
     device = meta["device"]
     stem = f"loss_{device}" + (f"_{args.tag}" if args.tag else "")
     args.results_dir.mkdir(parents=True, exist_ok=True)
     md_path, json_path = args.results_dir / f"{stem}.md", args.results_dir / f"{stem}.json"
-    md_path.write_text(render_markdown(meta, tables))
+    md_path.write_text(render_markdown(meta, tables, records))
     json_path.write_text(json.dumps({"meta": meta, "results": records}, indent=2) + "\n")
     print(f"wrote {md_path} and {json_path}", flush=True)
     if args.plot is not None:
