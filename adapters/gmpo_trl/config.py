@@ -91,7 +91,7 @@ class GMPOConfig(GRPOConfig):
         metadata={
             "help": "Score tokens with gmpo_core.token_logprobs instead of TRL's chunked LM head "
             "(far less memory for the head's backward; see docs/lm_head.md). Off by default "
-            "until it is measured faster and leaner inside the trainer step."
+            "until it is measured faster and leaner inside the trainer step on a GPU too."
         },
     )
 

@@ -1,0 +1,675 @@
+"""``GMPOConfig(gmpo_lm_head=True)`` against TRL's own LM head, inside a real GMPOTrainer step.
+
+Run from the repository root::
+
+    python benchmarks/bench_trainer_step.py           # V = 151,936, N ≈ 3,100 tokens (~6 min)
+    python benchmarks/bench_trainer_step.py --quick   # tiny V and N (< 60 s, CI), writes nothing
+
+The model makes the LM head matter: a Qwen2 (``Qwen2ForCausalLM`` from a ``Qwen2Config``, random
+weights, tied embeddings as in Qwen2.5-0.5B) with a small body (``--hidden`` 128, ``--layers`` 2)
+and Qwen's vocabulary size (``--vocab`` 151,936). The tokenizer is the project's character
+tokenizer (``gmpo_trl.toy``) with its vocabulary padded by dummy tokens up to V, so that every
+sampled id decodes. Nothing is downloaded.
+
+Two variants, each in its own FRESH subprocess (``--variants``):
+
+* ``trl``: ``GMPOConfig(gmpo_lm_head=False)`` (the default): TRL 1.16's patched forward scores
+  tokens with ``trl.kernels.ChunkedLogProbFunction``.
+* ``gmpo``: ``GMPOConfig(gmpo_lm_head=True)``: the same forward with
+  ``gmpo_core.lm_head.token_logprobs`` in that place (``gmpo_trl.lm_head``).
+
+Everything else is identical: same seed, same initial weights, same batch, same loss
+(``--gmpo-impl``, default ``eager``, for both; the loss is milliseconds against the head's
+seconds). On CPU TRL's forward scores every position of every row (B·(P + T − 1) tokens, prompt
+and padding included, labels clamped), and it hands the same tokens to either head.
+
+What is timed, in each child, with ``torch.set_num_threads(--threads)`` (default 1):
+
+1. **loss step** (the part the switch affects; generation excluded): on a fixed prepared batch
+   (seeded: B = ``--batch`` rows, a P = 2-token prompt and T = ``--completion`` completion
+   tokens of random ids, all valid, as the trainer's own sampling yields them from this random
+   model; one N(0, 1) advantage per row; ``old_per_token_logps`` = −ln V + N(0, 0.2), near this
+   random model's own log-probs, so that the clip acts and the loss value depends on the head's
+   log-probs; the head's work is the same with or without them), ``model.zero_grad(set_to_none=True)``, then
+   ``loss = trainer.compute_loss(model, batch)`` (GMPOTrainer's ``_compute_loss``: the scoring
+   forward with entropies, the GMPO loss, the metrics) and ``trainer.accelerator.backward(loss)``.
+   ``--warmup`` untimed steps first, then ``--repeats`` timed ones; the table gives the median.
+   The loss and the gradient of every parameter from the first timed step are saved, and the
+   parent compares the two variants on them (same batch, same weights: apples to apples), and
+   on the per-token log-probs and entropies that step's scoring pass returned.
+2. **train step** (``--train-repeats``, 0 to skip): ``trainer.train()`` for 1 + that many
+   optimizer steps; a callback times each step after the first from ``on_step_begin`` to
+   ``on_step_end``: generation by the trainer itself (``transformers`` ``generate`` on CPU, B
+   completions of up to T tokens, ``--batch`` / ``--generations`` prompts), rewards (a
+   deterministic hash of the completion text), advantages, the loss step, gradient clipping and
+   the AdamW step. Generation does not use the head that the switch changes. The first step is
+   the warmup (optimizer state is created there).
+
+Peak extra memory: before each timed step (either kind), ``gc.collect()``, ``malloc_trim(0)``,
+``echo 5 > /proc/self/clear_refs`` (VmHWM := VmRSS), read VmRSS; after it read VmHWM; extra =
+VmHWM − VmRSS: everything the step allocated, parameter gradients included, weights, batch and
+optimizer state excluded. The children run with ``MALLOC_MMAP_THRESHOLD_=131072`` (as in
+``bench_loss.py``), so that buffers of 128 KiB and more are unmapped when freed and the resident
+set follows live memory; times are taken in the same children. The table gives the largest peak
+over the timed steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import ctypes.util
+import datetime
+import gc
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+VARIANTS = ("trl", "gmpo")
+PROMPT_LEN = 2  # the toy prompts "d=" are two characters, two tokens
+# Same as bench_loss.CHILD_ENV: buffers of 128 KiB and more are mapped on allocation and unmapped
+# on free, so the resident set follows live memory; one thread for the tokenizer's Rust pool too.
+CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024), "TOKENIZERS_PARALLELISM": "false"}
+RESULT_MARK = "BENCH_RESULT "
+DEFAULTS = dict(vocab=151_936, hidden=128, layers=2, batch=16, generations=8, completion=192)
+QUICK = dict(vocab=4096, hidden=32, layers=1, batch=4, generations=2, completion=16)
+
+
+# --------------------------------------------------------------------------------------------
+# child: one variant, one fresh process
+
+
+def _status_kib(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{key} not in /proc/self/status")
+
+
+def _reset_peak() -> int:
+    """Free what can be freed, reset VmHWM to VmRSS and return VmRSS (KiB)."""
+    gc.collect()
+    libc = ctypes.util.find_library("c")
+    if libc:
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(libc).malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _status_kib("VmRSS")
+
+
+def padded_tokenizer(vocab_size: int) -> Any:
+    """``gmpo_trl.toy``'s character tokenizer with dummy tokens ``<xI>`` up to ``vocab_size``."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from gmpo_trl import toy
+
+    base = (*toy.SPECIALS, *toy.CHARS)
+    if vocab_size < len(base):
+        raise ValueError(f"--vocab must be at least {len(base)}")
+    vocab = {tok: i for i, tok in enumerate(base)}
+    vocab.update({f"<x{i}>": i for i in range(len(base), vocab_size)})
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", padding_side="left"
+    )
+
+
+def build_model(tokenizer: Any, hidden: int, layers: int, max_len: int, seed: int) -> Any:
+    """``gmpo_trl.toy.tiny_model``'s Qwen2 at this size (its positions are capped at 64)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_len,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def hash_reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+    """A deterministic reward in [0, 1) with spread (so advantages are not all zero)."""
+    return [zlib.crc32(c.encode()) % 1000 / 1000 for c in completions]
+
+
+def fixed_batch(batch: int, completion: int, vocab: int, seed: int) -> dict[str, Any]:
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    prompt_ids = torch.randint(2, vocab, (batch, PROMPT_LEN), generator=g)
+    completion_ids = torch.randint(2, vocab, (batch, completion), generator=g)
+    # behaviour log-probs near the random model's own (about -ln V), spread by N(0, 0.2): the
+    # ratio then differs from 1 and the clip acts, so the loss VALUE depends on the head's
+    # log-probs (on-policy it is -mean(advantages) whatever they are)
+    old = -math.log(vocab) + 0.2 * torch.randn(batch, completion, generator=g)
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": torch.ones_like(prompt_ids),
+        "completion_ids": completion_ids,
+        "completion_mask": torch.ones_like(completion_ids),
+        "advantages": torch.randn(batch, generator=g),
+        "old_per_token_logps": old,
+    }
+
+
+def child(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from transformers import TrainerCallback
+
+    from gmpo_trl import GMPOConfig, GMPOTrainer, toy
+
+    t_setup = time.perf_counter()
+    tokenizer = padded_tokenizer(args.vocab)
+    model = build_model(
+        tokenizer, args.hidden, args.layers, PROMPT_LEN + args.completion, args.seed
+    )
+    # the trainer's output_dir, inside the parent's temporary directory (removed with it)
+    tmp = tempfile.mkdtemp(prefix="out_", dir=os.path.dirname(os.path.abspath(args.save)))
+    config = GMPOConfig(
+        **toy.toy_args(
+            tmp,
+            seed=args.seed,
+            per_device_train_batch_size=args.batch,
+            num_generations=args.generations,
+            max_completion_length=args.completion,
+            max_steps=1 + args.train_repeats,
+            gmpo_lm_head=args.variant == "gmpo",
+            gmpo_impl=args.gmpo_impl,
+        )
+    )
+    trainer = GMPOTrainer(
+        model=model,
+        reward_funcs=hash_reward,
+        args=config,
+        train_dataset=toy.successor_dataset(),
+        processing_class=tokenizer,
+    )
+    out: dict[str, Any] = {
+        "setup_s": time.perf_counter() - t_setup,
+        "params": sum(p.numel() for p in model.parameters()),
+        "threads": torch.get_num_threads(),
+    }
+
+    # ---- 1. loss step on a fixed batch: compute_loss + backward
+    batch = fixed_batch(args.batch, args.completion, args.vocab, args.seed + 1)
+    model.train()
+    trainer.current_gradient_accumulation_steps = 1  # as Trainer.train sets it
+
+    def loss_step() -> tuple[Any, float, float]:
+        model.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        loss = trainer.compute_loss(model, dict(batch))
+        t1 = time.perf_counter()
+        trainer.accelerator.backward(loss)
+        return loss.detach(), t1 - t0, time.perf_counter() - t1
+
+    for _ in range(args.warmup):
+        loss_step()
+    scored: dict[str, Any] = {}  # the first timed step's log-probs and entropies, for the parent
+    score = trainer._get_per_token_logps_and_entropies
+
+    def capture(*a: Any, **k: Any) -> Any:
+        logps, entropies, aux = score(*a, **k)
+        if not scored:
+            scored.update(logps=logps.detach().clone(), entropies=entropies.detach().clone())
+        return logps, entropies, aux
+
+    trainer._get_per_token_logps_and_entropies = capture
+    fwd, bwd, total, peaks = [], [], [], []
+    for rep in range(args.repeats):
+        rss = _reset_peak()
+        loss, f, b = loss_step()
+        peaks.append((_status_kib("VmHWM") - rss) * 1024)
+        fwd.append(f)
+        bwd.append(b)
+        total.append(f + b)
+        if rep == 0:
+            grads = [
+                torch.zeros(p.numel()) if p.grad is None else p.grad.detach().reshape(-1)
+                for p in model.parameters()
+            ]
+            torch.save({"loss": loss, "grad": torch.cat(grads), **scored}, args.save)
+            trainer._get_per_token_logps_and_entropies = score
+            out["loss"] = float(loss)
+            out["entropy_metric"] = trainer._metrics["train"]["entropy"][-1]
+    model.zero_grad(set_to_none=True)
+    out["loss_step"] = {
+        "seconds": total,
+        "forward_seconds": fwd,
+        "backward_seconds": bwd,
+        "peak_extra_bytes": peaks,
+        "tokens_scored": args.batch * (PROMPT_LEN + args.completion - 1),
+        "completion_tokens": args.batch * args.completion,
+    }
+
+    # ---- 2. whole train steps (generation included), the first one a warmup
+    if args.train_repeats > 0:
+        record: dict[str, list[float]] = {"seconds": [], "peak_extra_bytes": []}
+
+        class Timer(TrainerCallback):  # type: ignore[misc]
+            def on_step_begin(self, _a: Any, state: Any, _c: Any, **_: Any) -> None:
+                self.timed = state.global_step >= 1
+                if self.timed:
+                    self.rss = _reset_peak()
+                    self.t0 = time.perf_counter()
+
+            def on_step_end(self, _a: Any, state: Any, _c: Any, **_: Any) -> None:
+                if self.timed:
+                    record["seconds"].append(time.perf_counter() - self.t0)
+                    record["peak_extra_bytes"].append((_status_kib("VmHWM") - self.rss) * 1024)
+
+        trainer.add_callback(Timer())
+        trainer.train()
+        logs = [h for h in trainer.state.log_history if "completions/mean_length" in h]
+        record["completion_mean_length"] = [h["completions/mean_length"] for h in logs[1:]]
+        out["train_step"] = record
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# parent: children, comparison, table, files
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def _version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def run_child(variant: str, args: argparse.Namespace, save: str) -> dict[str, Any]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--_child", variant, "--_save", save]
+    for key in ("vocab", "hidden", "layers", "batch", "generations", "completion", "threads"):
+        cmd += [f"--{key}", str(getattr(args, key))]
+    cmd += ["--repeats", str(args.repeats), "--warmup", str(args.warmup)]
+    cmd += ["--train-repeats", str(args.train_repeats), "--gmpo-impl", args.gmpo_impl]
+    cmd += ["--seed", str(args.seed)]
+    env = {**os.environ, **CHILD_ENV}
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    marked = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_MARK)]
+    if proc.returncode != 0 or not marked:
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise RuntimeError(f"{variant} child failed (exit {proc.returncode}): {tail}")
+    result: dict[str, Any] = json.loads(marked[-1][len(RESULT_MARK) :])
+    result["child_wall_s"] = time.perf_counter() - t0
+    return result
+
+
+def compare(saved: dict[str, str]) -> dict[str, float]:
+    """The gmpo variant against the TRL variant on the same batch and weights."""
+    import torch
+
+    ref, got = torch.load(saved["trl"]), torch.load(saved["gmpo"])
+    loss_ref, loss_got = ref["loss"].double(), got["loss"].double()
+    g_ref, g_got = ref["grad"].double(), got["grad"].double()
+
+    def rel(key: str) -> float:
+        a, b = ref[key].double(), got[key].double()
+        return float((b - a).abs().max() / a.abs().max().clamp(min=1e-30))
+
+    return {
+        "logps_max_abs_diff_over_max_abs": rel("logps"),
+        "entropies_max_abs_diff_over_max_abs": rel("entropies"),
+        "loss_trl": float(loss_ref),
+        "loss_gmpo": float(loss_got),
+        "loss_rel_diff": float((loss_got - loss_ref).abs() / loss_ref.abs().clamp(min=1e-30)),
+        "grad_max_abs_diff_over_max_abs": float(
+            (g_got - g_ref).abs().max() / g_ref.abs().max().clamp(min=1e-30)
+        ),
+        "grad_norm_rel_diff": float((g_got - g_ref).norm() / g_ref.norm().clamp(min=1e-30)),
+    }
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _ms(s: float | None) -> str:
+    return "—" if s is None else f"{s * 1e3:,.0f}"
+
+
+def _mb(b: float | None) -> str:
+    return "—" if b is None else f"{b / 1e6:,.0f}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "—" if a is None or b is None or b == 0 else f"{a / b:.2f}×"
+
+
+def summarize(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per phase and variant: median time, range, largest peak."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for phase in ("loss_step", "train_step"):
+        for v, r in results.items():
+            rec = r.get(phase)
+            if not rec or not rec["seconds"]:
+                continue
+            row = {
+                "median_s": _median(rec["seconds"]),
+                "min_s": min(rec["seconds"]),
+                "max_s": max(rec["seconds"]),
+                "peak_extra_bytes": max(rec["peak_extra_bytes"]),
+                "n": len(rec["seconds"]),
+            }
+            if phase == "loss_step":
+                row["forward_median_s"] = _median(rec["forward_seconds"])
+                row["backward_median_s"] = _median(rec["backward_seconds"])
+            out.setdefault(phase, {})[v] = row
+    return out
+
+
+def table(summary: dict[str, dict[str, dict[str, Any]]], labels: dict[str, str]) -> str:
+    lines = [
+        "| step | LM head | time ms (median) | range ms | forward / backward ms "
+        "| peak extra MB | time ÷ TRL head | peak ÷ TRL head |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    names = {"loss_step": "loss step", "train_step": "train step"}
+    for phase, rows in summary.items():
+        ref = rows.get("trl")
+        for v, row in rows.items():
+            fb = (
+                f"{_ms(row['forward_median_s'])} / {_ms(row['backward_median_s'])}"
+                if "forward_median_s" in row
+                else "—"
+            )
+            lines.append(
+                f"| {names[phase]} | {labels[v]} | {_ms(row['median_s'])} "
+                f"| {_ms(row['min_s'])}–{_ms(row['max_s'])} | {fb} "
+                f"| {_mb(row['peak_extra_bytes'])} "
+                f"| {_ratio(row['median_s'], ref and ref['median_s'])} "
+                f"| {_ratio(row['peak_extra_bytes'], ref and ref['peak_extra_bytes'])} |"
+            )
+    return "\n".join(lines)
+
+
+def verdict(summary: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    rows = summary.get("loss_step", {})
+    if "trl" not in rows or "gmpo" not in rows:
+        return {}
+    t, g = rows["trl"], rows["gmpo"]
+    out: dict[str, Any] = {
+        "loss_step_time_ratio": g["median_s"] / t["median_s"],
+        "loss_step_peak_ratio": g["peak_extra_bytes"] / t["peak_extra_bytes"],
+    }
+    out["faster"] = out["loss_step_time_ratio"] < 1.0
+    out["leaner"] = out["loss_step_peak_ratio"] < 1.0
+    train = summary.get("train_step", {})
+    if "trl" in train and "gmpo" in train:
+        out["train_step_time_ratio"] = train["gmpo"]["median_s"] / train["trl"]["median_s"]
+        out["train_step_peak_ratio"] = (
+            train["gmpo"]["peak_extra_bytes"] / train["trl"]["peak_extra_bytes"]
+        )
+        out["faster"] = out["faster"] and out["train_step_time_ratio"] < 1.0
+        out["leaner"] = out["leaner"] and out["train_step_peak_ratio"] < 1.0
+    out["faster_and_leaner"] = out["faster"] and out["leaner"]
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny V and N (< 60 s); writes nothing")
+    p.add_argument("--vocab", type=int, default=None, help=f"V (default {DEFAULTS['vocab']})")
+    p.add_argument("--hidden", type=int, default=None, help=f"H (default {DEFAULTS['hidden']})")
+    p.add_argument("--layers", type=int, default=None, help=f"default {DEFAULTS['layers']}")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help=f"B, per_device_train_batch_size ({DEFAULTS['batch']})",
+    )
+    p.add_argument(
+        "--generations", type=int, default=None, help=f"num_generations ({DEFAULTS['generations']})"
+    )
+    p.add_argument(
+        "--completion",
+        type=int,
+        default=None,
+        help=f"T, max_completion_length ({DEFAULTS['completion']})",
+    )
+    p.add_argument("--repeats", type=int, default=3, help="timed loss steps per variant")
+    p.add_argument("--warmup", type=int, default=1, help="untimed loss steps first")
+    p.add_argument(
+        "--train-repeats", type=int, default=2, help="timed train steps after a warmup (0: none)"
+    )
+    p.add_argument("--threads", type=int, default=1, help="torch threads in the children")
+    p.add_argument("--gmpo-impl", default="eager", help="GMPOConfig.gmpo_impl, both variants")
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-write", action="store_true", help="print only")
+    p.add_argument("--tag", default="cpu", help="results: trainer_step_<tag>.md/.json")
+    p.add_argument("--_child", choices=VARIANTS, help=argparse.SUPPRESS)
+    p.add_argument("--_save", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    sizes = QUICK if args.quick else DEFAULTS
+    for key, value in sizes.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+
+    if args._child:
+        args.variant, args.save = args._child, args._save
+        print(RESULT_MARK + json.dumps(child(args)), flush=True)
+        return 0
+
+    if args.quick:
+        args.no_write = True
+        args.repeats = min(args.repeats, 2)
+    variants = [v for v in args.variants.split(",") if v]
+    for v in variants:
+        if v not in VARIANTS:
+            p.error(f"unknown variant {v!r}; choose from {VARIANTS}")
+    trl_version = _version("trl")
+    labels = {
+        "trl": f"TRL {trl_version} (gmpo_lm_head=False)",
+        "gmpo": "gmpo token_logprobs (gmpo_lm_head=True)",
+    }
+    tokens = args.batch * (PROMPT_LEN + args.completion - 1)
+    load_start = _loadavg()
+    print(
+        f"# V = {args.vocab}, H = {args.hidden}, {args.layers} layer(s), B = {args.batch}, "
+        f"T = {args.completion}, P = {PROMPT_LEN}: {tokens} tokens scored per step; "
+        f"{args.threads} thread(s), {_cpu_model()}, load {load_start}",
+        flush=True,
+    )
+    results: dict[str, dict[str, Any]] = {}
+    t_all = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        saved = {v: os.path.join(tmp, f"{v}.pt") for v in variants}
+        for v in variants:
+            r = run_child(v, args, saved[v])
+            results[v] = r
+            ls = r["loss_step"]
+            print(
+                f"{v:>5}: loss step ms {[round(s * 1e3) for s in ls['seconds']]}, peak extra MB "
+                f"{[round(b / 1e6) for b in ls['peak_extra_bytes']]}"
+                + (
+                    f"; train step ms {[round(s * 1e3) for s in r['train_step']['seconds']]}, "
+                    f"peak extra MB {[round(b / 1e6) for b in r['train_step']['peak_extra_bytes']]}"
+                    if "train_step" in r
+                    else ""
+                )
+                + f" ({r['child_wall_s']:.0f} s)",
+                flush=True,
+            )
+        agreement = compare(saved) if set(VARIANTS) <= set(variants) else {}
+    wall = time.perf_counter() - t_all
+    load_end = _loadavg()
+    summary = summarize(results)
+    text = table(summary, labels)
+    checks = verdict(summary)
+    print()
+    print(text)
+    print()
+    if agreement:
+        print(
+            f"loss: TRL head {agreement['loss_trl']:.9g}, gmpo head {agreement['loss_gmpo']:.9g}, "
+            f"relative difference {agreement['loss_rel_diff']:.2e}; gradient (all parameters): "
+            f"max |Δ| / max |g| {agreement['grad_max_abs_diff_over_max_abs']:.2e}, "
+            f"‖Δ‖ / ‖g‖ {agreement['grad_norm_rel_diff']:.2e}"
+        )
+        print(
+            "per-token log-probs / entropies of the scoring pass: max |Δ| / max |x| "
+            f"{agreement['logps_max_abs_diff_over_max_abs']:.2e} / "
+            f"{agreement['entropies_max_abs_diff_over_max_abs']:.2e}"
+        )
+    if checks:
+        print("verdict:", json.dumps(checks))
+    print(f"total {wall:.0f} s")
+    # the two heads must compute the same step, or the comparison means nothing (float32, 1e-5)
+    disagree = (
+        agreement
+        and max(agreement["loss_rel_diff"], agreement["grad_max_abs_diff_over_max_abs"]) > 1e-5
+    )
+    if disagree:
+        print("ERROR: the two LM heads disagree beyond 1e-5 (see above); nothing written")
+        return 1
+    if args.no_write:
+        return 0
+
+    import torch
+
+    command = "python " + " ".join(
+        shlex.quote(a)
+        for a in [os.path.relpath(__file__, REPO), *(argv if argv is not None else sys.argv[1:])]
+    )
+    meta = {
+        "command": command,
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "torch": torch.__version__,
+        "trl": trl_version,
+        "transformers": _version("transformers"),
+        "gmpo": _version("gmpo"),
+        "python": platform.python_version(),
+        "cpu": _cpu_model(),
+        "threads": args.threads,
+        "load_average_start": load_start,
+        "load_average_end": load_end,
+        "child_env": CHILD_ENV,
+        "model": f"Qwen2ForCausalLM, hidden {args.hidden}, {args.layers} layer(s), "
+        f"intermediate {2 * args.hidden}, 4 heads (2 KV), tied embeddings, float32",
+        "vocab": args.vocab,
+        "hidden": args.hidden,
+        "layers": args.layers,
+        "batch": args.batch,
+        "num_generations": args.generations,
+        "prompt_len": PROMPT_LEN,
+        "max_completion_length": args.completion,
+        "tokens_scored_per_step": tokens,
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "train_repeats": args.train_repeats,
+        "gmpo_impl": args.gmpo_impl,
+        "wall_s": wall,
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = RESULTS / f"trainer_step_{args.tag}"
+    stem.with_suffix(".json").write_text(
+        json.dumps(
+            {
+                "meta": meta,
+                "results": results,
+                "summary": summary,
+                "agreement": agreement,
+                "verdict": checks,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
+    md = [
+        f"# GMPOTrainer step: gmpo_lm_head=True against TRL's head ({meta['date_utc']})",
+        "",
+        f"Command: `{command}`  ",
+        f"torch {meta['torch']}, trl {trl_version}, transformers {meta['transformers']}, "
+        f"{args.threads} thread(s), {meta['cpu']}, Python {meta['python']}; load average "
+        f"{load_start} at start, {load_end} at end.  ",
+        f"{meta['model']}, V = {args.vocab}; B = {args.batch} rows ({args.generations} "
+        f"generations per prompt), P = {PROMPT_LEN} prompt tokens, T = {args.completion} "
+        f"completion tokens: {tokens} tokens scored per step (every position, as TRL does on "
+        f"CPU). gmpo_impl = {args.gmpo_impl} in both variants.",
+        "",
+        f"Loss step: `trainer.compute_loss` + backward on a fixed batch, median of "
+        f"{args.repeats} after {args.warmup} warmup. Train step: one whole `trainer.train()` "
+        f"optimizer step (generation, rewards, loss step, AdamW) after a warmup step, "
+        f"{args.train_repeats} timed. Peak extra: VmHWM of a fresh subprocess per variant minus "
+        "its VmRSS after `echo 5 > /proc/self/clear_refs`, largest over the timed steps "
+        "(parameter gradients included; weights, batch, optimizer state excluded); child env "
+        f"`{' '.join(f'{k}={v}' for k, v in CHILD_ENV.items())}`. MB = 10⁶ bytes.",
+        "",
+        text,
+        "",
+    ]
+    if agreement:
+        md.append(
+            f"Agreement on the same batch and weights: loss {agreement['loss_trl']:.9g} (TRL "
+            f"head) and {agreement['loss_gmpo']:.9g} (gmpo head), relative difference "
+            f"{agreement['loss_rel_diff']:.2e}; gradient of all parameters, max |Δ| / max |g| "
+            f"{agreement['grad_max_abs_diff_over_max_abs']:.2e}, ‖Δ‖ / ‖g‖ "
+            f"{agreement['grad_norm_rel_diff']:.2e}; per-token log-probs and entropies of the "
+            "scoring pass, max |Δ| / max |x| "
+            f"{agreement['logps_max_abs_diff_over_max_abs']:.2e} and "
+            f"{agreement['entropies_max_abs_diff_over_max_abs']:.2e}."
+        )
+        md.append("")
+    if checks:
+        md += [f"Verdict: `{json.dumps(checks)}`", ""]
+    stem.with_suffix(".md").write_text("\n".join(md))
+    print(f"wrote {stem.relative_to(REPO)}.md/.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
