@@ -108,30 +108,32 @@ class Kernels(NamedTuple):
 
 EAGER_KERNELS = Kernels(_forward_kernel, _backward_kernel, compiled=False)
 
-# Sizes the direct path traces with: symbolic, so any (B, T) with B, T >= 2 reuses the code; two
-# distinct primes, so that no size coincidence is baked in.
-_TRACE_B, _TRACE_T = 5, 7
+_MAX_VARIANTS = 8  # compilations per input signature before the torch.compile fallback
 
 
 class _Direct:
-    """``fn`` compiled by Inductor once per input signature and called without Dynamo.
+    """``fn`` compiled by Inductor for symbolic sizes and called without Dynamo.
 
     A kernel call through ``torch.compile`` spends 30-50 us in Dynamo's frame evaluation, guards
     and AOTAutograd's runtime wrappers, more than the kernel itself below ~2^17 tokens. The
-    kernels need none of it: the autograd graph is ours (:class:`_FusedGMPO`), the guards are
-    the signature key below (dtypes, devices, ranks, which optional inputs are present, the
-    Python arguments), and the sizes are symbolic. So the kernel is traced once per signature
-    with ``make_fx`` (symbolic sizes, Inductor's decompositions) and handed to Inductor's
-    ``compile_fx_inner``, which is what ``torch.compile`` does after Dynamo and AOTAutograd.
-    Those are PyTorch internals: if this fails on an installed version, the kernel goes through
-    ``torch.compile(dynamic=True, fullgraph=True)`` instead (``fallback``), so the speed may
-    change but not the result.
+    kernels need little of it: the autograd graph is ours (:class:`_FusedGMPO`), the inputs are
+    validated, and what the compiled code may assume is known: its signature (dtypes, devices,
+    ranks, which optional inputs are present, the Python arguments: the cache key) and the size
+    guards that tracing and Inductor recorded (say, "T <= 4096" for its choice of summation),
+    which are checked on every call as one small Python function of (B, T). So the kernel is
+    traced with ``make_fx`` (symbolic sizes, Inductor's decompositions, the first call's sizes as
+    hints) and handed to Inductor's ``compile_fx_inner``, which is what ``torch.compile`` does
+    after Dynamo and AOTAutograd; sizes that fail a variant's guards get a new variant. Those
+    are PyTorch internals: if this fails on an installed version, or a guard reads anything but
+    B and T, the kernel goes through ``torch.compile(dynamic=True, fullgraph=True)`` instead
+    (``fallback``), so the speed may change but not the result.
     """
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
         self.fallback = torch.compile(fn, dynamic=True, fullgraph=True)
-        self.cache: dict[tuple[Any, ...], Callable[[list[Tensor]], Any] | None] = {}
+        # per signature: (guard check of (B, T), compiled code) variants; None: use the fallback
+        self.cache: dict[tuple[Any, ...], list[tuple[Callable[[int, int], bool], Any]] | None] = {}
         self.single = False  # fn returns one tensor, not a tuple (found when it is traced)
         self.static = list(inspect.signature(fn).parameters).index("params")  # size 4, fixed
 
@@ -139,24 +141,42 @@ class _Direct:
         if torch.compiler.is_compiling():  # inside a user's torch.compile: let it trace fn
             return self.fn(*args)
         key = tuple((a.dtype, a.device, a.dim()) if isinstance(a, Tensor) else a for a in args)
-        if key not in self.cache:
-            self.cache[key] = self._build(args)
-        compiled = self.cache[key]
+        b, t = next(a.shape for a in args if isinstance(a, Tensor) and a.dim() == 2)
+        variants = self.cache.setdefault(key, [])
+        compiled = None
+        if variants is not None:
+            compiled = next((c for check, c in variants if check(b, t)), None)
+            if compiled is None:
+                variant = self._build(args, b, t) if len(variants) < _MAX_VARIANTS else None
+                if variant is None:
+                    self.cache[key] = None
+                else:
+                    variants.append(variant)
+                    compiled = variant[1]
         if compiled is None:
             return self.fallback(*args)
         out = compiled([a.contiguous() for a in args if isinstance(a, Tensor)])
         return out[0] if self.single else tuple(out)
 
-    def _build(self, args: tuple[Any, ...]) -> Callable[[list[Tensor]], Any] | None:
+    def _build(
+        self, args: tuple[Any, ...], b: int, t: int
+    ) -> tuple[Callable[[int, int], bool], Any] | None:
         # the PyTorch internals are imported here: a missing one only disables the direct path
         try:
+            import sympy
             from torch._inductor.compile_fx import compile_fx_inner
             from torch._inductor.decomposition import select_decomp_table
             from torch.fx.experimental.proxy_tensor import make_fx
 
-            def example(i: int, t: Tensor) -> Tensor:
-                shape = t.shape if i == self.static else (_TRACE_B, _TRACE_T)[: t.dim()]
-                return torch.zeros(shape, dtype=t.dtype, device=t.device)
+            # Size hints: this call's, made distinct from each other and from len(params) = 4,
+            # so that tracing gives B, T and len(params) three symbols (sizes that are equal at
+            # trace time would share one).
+            hint_b = b + (b == 4)
+            hint_t = next(v for v in range(t, t + 3) if v not in (4, hint_b))
+
+            def example(i: int, a: Tensor) -> Tensor:
+                shape = a.shape if i == self.static else (hint_b, hint_t)[: a.dim()]
+                return torch.empty(shape, dtype=a.dtype, device=a.device)  # never written
 
             def flat(*tensors: Tensor) -> tuple[Tensor | None, ...]:
                 it = iter(tensors)
@@ -164,21 +184,25 @@ class _Direct:
                 self.single = isinstance(out, Tensor)
                 return (out,) if self.single else out  # Inductor compiles sequence outputs only
 
-            examples = [example(i, a) for i, a in enumerate(args) if isinstance(a, Tensor)]
+            tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, Tensor)]
             with torch.no_grad():
                 gm = make_fx(
                     flat, tracing_mode="symbolic", decomposition_table=select_decomp_table()
-                )(*examples)
+                )(*(example(i, a) for i, a in tensors))
                 fakes = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
-                # Nothing checks sizes at call time, so tracing must not have assumed any about
-                # B or T (beyond >= 2); the only size it may test is that of ``params``.
-                shape_env = fakes[0].fake_mode.shape_env
-                params = fakes[sum(isinstance(a, Tensor) for a in args[: self.static])]
-                allowed = set(params.shape[0].node.expr.free_symbols)
-                for guard in shape_env.guards:
-                    if not guard.expr.free_symbols <= allowed:
-                        raise RuntimeError(f"tracing assumed {guard.expr} about the sizes")
-                return compile_fx_inner(gm, fakes)
+                compiled = compile_fx_inner(gm, fakes)
+            by_index = dict(zip((i for i, _ in tensors), fakes, strict=True))
+            matrix = next(f for f in fakes if f.dim() == 2)
+            sizes = [s.node.expr for s in (*matrix.shape, by_index[self.static].shape[0])]
+            if not all(isinstance(e, sympy.Symbol) for e in sizes):
+                raise RuntimeError(f"sizes specialized in tracing: {sizes}")
+            guards = [g.expr for g in fakes[0].fake_mode.shape_env.guards]
+            extra = set().union(*(g.free_symbols for g in guards)) - set(sizes)
+            if extra:
+                raise RuntimeError(f"guards on other sizes than (B, T): {guards}")
+            holds = sympy.lambdify(sizes, sympy.And(*guards), modules="math")
+            _log.info("gmpo_core: compiled %s for %s, guards %s", self.fn.__name__, sizes, guards)
+            return (lambda b, t: bool(holds(b, t, 4))), compiled
         except Exception as e:  # any failure: the same kernel through torch.compile
             _log.info("gmpo_core: direct Inductor compile failed (%r); using torch.compile", e)
             return None

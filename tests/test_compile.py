@@ -189,9 +189,9 @@ def test_default_kernels_run_without_dynamo_and_equal_eager(variant: str) -> Non
         torch.testing.assert_close(c.metrics[k], e.metrics[k], equal_nan=True, msg=k)
 
 
-def test_direct_path_refuses_code_that_assumes_sizes() -> None:
-    """A kernel whose trace tests B or T is not called without guards: it goes through
-    torch.compile, which guards and recompiles, and stays right on both sides of the test."""
+def test_direct_path_checks_the_size_guards_of_its_code() -> None:
+    """Code compiled under a size assumption (here the trace takes a branch on T) is only called
+    where the assumption holds: other sizes get their own variant, and each stays right."""
 
     def kernel(x: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
         return x * params[0] if x.shape[1] > 6 else x * params[1]
@@ -201,4 +201,23 @@ def test_direct_path_refuses_code_that_assumes_sizes() -> None:
     wide, narrow = torch.ones(3, 10), torch.ones(3, 4)
     assert torch.equal(direct(wide, params), wide * 2)
     assert torch.equal(direct(narrow, params), narrow * 3)
+    assert torch.equal(direct(torch.ones(5, 12), params), torch.full((5, 12), 2.0))
+    (variants,) = direct.cache.values()
+    assert variants is not None and len(variants) == 2
+    wide_check, narrow_check = (check for check, _ in variants)
+    assert wide_check(3, 7) and not wide_check(3, 6)
+    assert narrow_check(3, 6) and not narrow_check(3, 7)
+
+
+def test_direct_path_falls_back_when_tracing_specializes_a_size() -> None:
+    """A size the trace turns into a constant cannot be guarded as (B, T): torch.compile runs it."""
+
+    def kernel(x: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+        return x * float(x.shape[1]) * params[0]  # float() turns the size into a constant
+
+    direct = fused._Direct(kernel)
+    params = torch.tensor([2.0, 3.0, 0.0, 0.0])
+    x = torch.arange(12.0).reshape(2, 6)
+    assert torch.equal(direct(x, params), x * 6 * 2)
     assert list(direct.cache.values()) == [None]
+    assert torch.equal(direct(torch.ones(3, 5), params), torch.full((3, 5), 10.0))
