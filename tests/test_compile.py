@@ -221,3 +221,22 @@ def test_direct_path_falls_back_when_tracing_specializes_a_size() -> None:
     assert torch.equal(direct(x, params), x * 6 * 2)
     assert list(direct.cache.values()) == [None]
     assert torch.equal(direct(torch.ones(3, 5), params), torch.full((3, 5), 10.0))
+
+
+def test_default_kernels_compile_once_across_shapes() -> None:
+    """Symbolic sizes: one compiled variant per kernel serves every (B, T) below Inductor's
+    size thresholds (7 shapes here)."""
+    kernels = fused.compile_kernels()
+    for i, (b, t) in enumerate(SHAPES):
+        x = _inputs(b, t, seed=i)
+        out = fused.fused_gmpo(
+            x["logp"], x["old_logp"], x["advantages"], x["mask"], None, None, None,
+            0.4, 0.4, None, 0.0, strict=True, kernels=kernels,
+        )  # fmt: skip
+        out.loss.backward()
+        expected = gmpo_loss(x["logp"], x["old_logp"], x["advantages"], x["mask"], impl="eager")
+        torch.testing.assert_close(out.loss, expected.loss)
+    for direct in (kernels.forward, kernels.backward):
+        assert isinstance(direct, fused._Direct)
+        (variants,) = direct.cache.values()
+        assert variants is not None and len(variants) == 1
