@@ -109,6 +109,10 @@ class Kernels(NamedTuple):
 EAGER_KERNELS = Kernels(_forward_kernel, _backward_kernel, compiled=False)
 
 _MAX_VARIANTS = 8  # compilations per input signature before the torch.compile fallback
+# Inductor picks serial or parallel (OpenMP) code from the sizes of the call it compiles for, so
+# calls below and above this many tokens never share a compiled variant: a first call on a tiny
+# batch must not leave the large ones serial.
+_LARGE_TOKENS = 1 << 16
 
 
 class _Direct:
@@ -120,7 +124,8 @@ class _Direct:
     validated, and what the compiled code may assume is known: its signature (dtypes, devices,
     ranks, which optional inputs are present, the Python arguments: the cache key) and the size
     guards that tracing and Inductor recorded (say, "T <= 4096" for its choice of summation),
-    which are checked on every call as one small Python function of (B, T). So the kernel is
+    which are checked on every call as one small Python function of (B, T), with the size class
+    (:data:`_LARGE_TOKENS`). So the kernel is
     traced with ``make_fx`` (symbolic sizes, Inductor's decompositions, the first call's sizes as
     hints) and handed to Inductor's ``compile_fx_inner``, which is what ``torch.compile`` does
     after Dynamo and AOTAutograd; sizes that fail a variant's guards get a new variant. Those
@@ -201,8 +206,11 @@ class _Direct:
             if extra:
                 raise RuntimeError(f"guards on other sizes than (B, T): {guards}")
             holds = sympy.lambdify(sizes, sympy.And(*guards), modules="math")
+            large = b * t >= _LARGE_TOKENS
             _log.info("gmpo_core: compiled %s for %s, guards %s", self.fn.__name__, sizes, guards)
-            return (lambda b, t: bool(holds(b, t, 4))), compiled
+            return (
+                lambda b, t: (b * t >= _LARGE_TOKENS) == large and bool(holds(b, t, 4))
+            ), compiled
         except Exception as e:  # any failure: the same kernel through torch.compile
             _log.info("gmpo_core: direct Inductor compile failed (%r); using torch.compile", e)
             return None

@@ -240,3 +240,22 @@ def test_default_kernels_compile_once_across_shapes() -> None:
         assert isinstance(direct, fused._Direct)
         (variants,) = direct.cache.values()
         assert variants is not None and len(variants) == 1
+
+
+def test_small_and_large_batches_get_their_own_compiled_code() -> None:
+    """Inductor chooses serial or parallel code from the sizes it compiles for: a first call on a
+    tiny batch must not decide for the large ones (and both stay equal to eager)."""
+    kernels = fused.compile_kernels()
+    for b, t in [(2, 16), (64, 1024), (4, 8), (128, 1024)]:
+        x = _inputs(b, t, seed=b)
+        out = fused.fused_gmpo(
+            x["logp"], x["old_logp"], x["advantages"], x["mask"], None, None, None,
+            0.4, 0.4, None, 0.0, strict=True, kernels=kernels,
+        )  # fmt: skip
+        expected = gmpo_loss(x["logp"], x["old_logp"], x["advantages"], x["mask"], impl="eager")
+        torch.testing.assert_close(out.loss, expected.loss)
+    (variants,) = kernels.forward.cache.values()
+    assert variants is not None and len(variants) == 2
+    small, large = (check for check, _ in variants)
+    assert small(4, 8) and not small(64, 1024)
+    assert large(64, 1024) and not large(2, 16)
