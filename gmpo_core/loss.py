@@ -78,7 +78,9 @@ def _terms(
     r = torch.where(valid, logp - old_logp, 0)  # (B, T)
     c = _trust_region(r, adv, eps_low, eps_high, log_dual)  # (B, T)
     n = _count(valid, r)  # (B,) float
-    log_coef = _masked_mean(c, valid, n)  # (B,)
+    # c is exactly 0 at invalid positions (r is 0 there, and every row's bounds straddle 0), so
+    # the masked mean of c is its plain row sum over n: one mask select less per token
+    log_coef = c.sum(-1) / n.clamp(min=1).to(c.dtype)  # (B,)
     # A = 0 and empty rows: policy term exactly 0, and no NaN can reach the gradient.
     active = (adv != 0) & (n > 0)  # (B,)
     log_w = log_coef if w_tok is None else log_coef + _masked_mean(torch.log(w_tok), valid, n)
