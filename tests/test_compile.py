@@ -259,3 +259,22 @@ def test_small_and_large_batches_get_their_own_compiled_code() -> None:
     small, large = (check for check, _ in variants)
     assert small(4, 8) and not small(64, 1024)
     assert large(64, 1024) and not large(2, 16)
+
+
+@pytest.mark.parametrize("used", ["loss", "per_sequence_loss", "log_coef", "log_coef+loss"])
+def test_backward_with_only_some_outputs_used(used: str) -> None:
+    """Outputs that do not reach the objective get no gradient tensor from autograd (None): the
+    fused backward reads them as zero, like eager autograd does (KL term included)."""
+    x = _inputs(5, 24, seed=21)
+    grads = {}
+    for impl in ("eager", "compiled"):
+        out = gmpo_loss(**x, beta=0.2, impl=impl)  # type: ignore[arg-type]
+        terms = {
+            "loss": out.loss,
+            "per_sequence_loss": (out.per_sequence_loss * torch.arange(5.0)).sum(),
+            "log_coef": (out.log_coef * torch.arange(5.0)).sum(),
+        }
+        objective = sum(terms[k] for k in used.split("+"))
+        (grads[impl],) = torch.autograd.grad(objective, x["logp"])
+    torch.testing.assert_close(grads["compiled"], grads["eager"], rtol=1e-6, atol=1e-7)
+    assert grads["eager"].abs().sum() > 0
