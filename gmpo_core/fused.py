@@ -69,9 +69,9 @@ def _forward_kernel(
 
 
 def _backward_kernel(
-    grad_loss: Tensor | None,
-    grad_ps: Tensor | None,
-    grad_lc: Tensor | None,
+    grad_loss: Tensor,
+    grad_ps: Tensor,
+    grad_lc: Tensor,
     logp: Tensor,
     old_logp: Tensor,
     adv: Tensor,
@@ -92,16 +92,10 @@ def _backward_kernel(
     lo, hi = _row_bounds(adv.to(cdt), eps_low, eps_high, log_dual)
     unclipped = (r >= _rows(lo, r)) & (r <= _rows(hi, r))  # where clamp passes the gradient
     nf = n.clamp(min=1).to(cdt)  # (B,)
-    # upstream gradients that autograd did not materialize (None) are zero
-    g = grad_ps
-    if grad_loss is not None:  # loss = mean of per_sequence_loss
-        g = grad_loss / policy.shape[0] if g is None else g + grad_loss / policy.shape[0]
-    row = policy.new_zeros(()) if g is None else g * policy
-    if grad_lc is not None:
-        row = row + grad_lc
-    grad = torch.where(valid & unclipped, _rows(row / nf, r), 0)
-    if ref_logp is not None and g is not None:
-        kl_scale = _rows(g * beta / nf, r)  # (B, 1)
+    grad_ps = grad_ps + grad_loss / grad_ps.shape[0]  # loss = mean of per_sequence_loss
+    grad = torch.where(valid & unclipped, _rows((grad_lc + grad_ps * policy) / nf, r), 0)
+    if ref_logp is not None:
+        kl_scale = _rows(grad_ps * beta / nf, r)  # (B, 1)
         grad = grad - torch.where(valid, torch.expm1(ref_logp.to(cdt) - lp) * kl_scale, 0)
     return grad.to(logp.dtype)
 
@@ -305,17 +299,16 @@ class _FusedGMPO(torch.autograd.Function):
         extra.extend(rest)
         ctx.save_for_backward(logp, old_logp, adv, mask, ref_logp, w_tok, policy, n, params)
         ctx.dual, ctx.kernels, ctx.strict = dual, kernels, strict
-        ctx.set_materialize_grads(False)  # unused outputs cost no zero tensors
         return loss, per_seq, log_coef
 
     @staticmethod
     @once_differentiable
     def backward(
-        ctx: Any, grad_loss: Tensor | None, grad_ps: Tensor | None, grad_lc: Tensor | None
+        ctx: Any, grad_loss: Tensor, grad_ps: Tensor, grad_lc: Tensor
     ) -> tuple[Tensor | None, ...]:
         logp, old_logp, adv, mask, ref_logp, w_tok, policy, n, params = ctx.saved_tensors
         grad = None
-        if ctx.needs_input_grad[0] and any(g is not None for g in (grad_loss, grad_ps, grad_lc)):
+        if ctx.needs_input_grad[0]:
             grad = _run(
                 ctx.kernels, ctx.strict, "backward",
                 grad_loss, grad_ps, grad_lc, logp, old_logp, adv, mask, ref_logp, w_tok, policy, n,
