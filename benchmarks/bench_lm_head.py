@@ -33,12 +33,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.metadata
-import importlib.util
 import json
 import os
 import platform
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -46,6 +43,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from _common import command_line, cpu_model, dist_version, proc_status_kib, reset_peak_rss
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -56,14 +55,6 @@ W_ROW_STRIDE = 97  # rows of the weight gradient saved for the cross-path compar
 
 # --------------------------------------------------------------------------------------------
 # worker: one path, one size, one fresh process
-
-
-def _status_kb(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{key} not in /proc/self/status")
 
 
 def _make_inputs(n: int, hdim: int, vocab: int, seed: int) -> dict[str, Any]:
@@ -136,13 +127,11 @@ def worker(args: argparse.Namespace) -> None:
     # warmup at a tiny size: library initialization (oneDNN, trl import) is not what we measure
     step(_make_inputs(8, args.hidden, min(args.vocab, 4096), seed=1))
     inp = _make_inputs(args.n, args.hidden, args.vocab, seed=args.seed)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    rss = _status_kb("VmRSS")
+    rss = reset_peak_rss(trim=False)
     t0 = time.perf_counter()
     step(inp)
     seconds = time.perf_counter() - t0
-    hwm = _status_kb("VmHWM")
+    hwm = proc_status_kib("VmHWM")
     if args.save:
         w_grad = inp["weight"].grad
         torch.save(
@@ -159,24 +148,6 @@ def worker(args: argparse.Namespace) -> None:
 
 # --------------------------------------------------------------------------------------------
 # parent: interleaved subprocesses, comparison, tables, plots
-
-
-def _trl_version() -> str | None:
-    """trl's version when it is installed (without importing it: that takes seconds)."""
-    if importlib.util.find_spec("trl") is None:
-        return None
-    return importlib.metadata.version("trl")
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _run_worker(
@@ -265,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.repeats = 1
     default_tokens = "200" if args.quick else "512,1024,2048,4096"
     tokens = [int(x) for x in (args.tokens or default_tokens).split(",")]
-    trl_version = _trl_version()
+    trl_version = dist_version("trl")
     paths = [x for x in args.paths.split(",") if x]
     for x in paths:
         if x not in PATHS:
@@ -285,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"# N in {tokens}, H = {args.hidden}, V = {args.vocab}, float32, outputs {args.outputs}, "
         f"τ = {args.temperature}, gmpo chunk_size = {chunk}; torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads, {_cpu_model()}",
+        f"{torch.get_num_threads()} threads, {cpu_model()}",
         flush=True,
     )
     results: dict[int, dict[str, Any]] = {}
@@ -385,17 +356,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.no_write:
         return 0
-    command = "python " + " ".join(
-        shlex.quote(a)
-        for a in [os.path.relpath(__file__, REPO), *(argv if argv is not None else sys.argv[1:])]
-    )
+    command = command_line(__file__, sys.argv[1:] if argv is None else argv)
     meta = {
         "command": command,
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "torch": torch.__version__,
         "trl": trl_version,
         "threads": torch.get_num_threads(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "python": platform.python_version(),
         "hidden": args.hidden,
         "vocab": args.vocab,

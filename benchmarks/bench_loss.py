@@ -34,15 +34,11 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
-import ctypes
-import ctypes.util
 import datetime
 import gc
-import importlib.metadata
 import json
 import os
 import platform
-import shlex
 import statistics
 import subprocess
 import sys
@@ -54,6 +50,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from _common import (
+    command_line,
+    cpu_model,
+    dist_version,
+    loadavg,
+    proc_status_kib,
+    reset_peak_rss,
+)
 from torch import Tensor
 
 from gmpo_core import gmpo_loss
@@ -258,7 +262,7 @@ def _gmpo_impl(impl: str) -> Impl:
 
 
 def _trl_impl() -> Impl:
-    version = _dist_version("trl") or "1.16.0"
+    version = dist_version("trl") or "1.16.0"
 
     def make(x: Inputs) -> Step:
         mask = x.mask.long()  # TRL's completion_mask is int64
@@ -309,7 +313,7 @@ def _verl_impl() -> Impl:
 
         return step
 
-    return Impl("verl", f"verl {_dist_version('verl')} geo_mean", make)
+    return Impl("verl", f"verl {dist_version('verl')} geo_mean", make)
 
 
 def load_impls(keys: Sequence[str]) -> list[Impl]:
@@ -320,13 +324,6 @@ def load_impls(keys: Sequence[str]) -> list[Impl]:
         "verl": _verl_impl,
     }
     return [factories[k]() for k in keys]
-
-
-def _dist_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -429,14 +426,6 @@ def time_steps(
     return samples
 
 
-def _proc_status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
 def peak_extra_bytes(step: Step, x: Inputs, warmup: int = 1) -> int:
     """Peak memory of one forward+backward beyond what was live before it (see module doc)."""
     for _ in range(warmup):
@@ -453,15 +442,9 @@ def peak_extra_bytes(step: Step, x: Inputs, warmup: int = 1) -> int:
         extra = torch.cuda.max_memory_allocated(device) - before
         del loss
         return extra
-    libc_name = ctypes.util.find_library("c")
-    if libc_name:
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(libc_name).malloc_trim(0)  # return freed heap pages to the OS
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset VmHWM to the current VmRSS
-    rss = _proc_status_kib("VmRSS")
+    rss = reset_peak_rss()
     loss = run_once(step, x)
-    hwm = _proc_status_kib("VmHWM")
+    hwm = proc_status_kib("VmHWM")
     del loss
     return max(hwm - rss, 0) * 1024
 
@@ -724,22 +707,6 @@ def plot(records: Sequence[dict[str, Any]], bandwidth: float, title: str, path: 
 # Main
 
 
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
-def _loadavg() -> str:
-    with contextlib.suppress(OSError, IndexError):
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3])
-    return "unknown"
-
-
 def parse_shapes(text: str) -> list[tuple[int, int]]:
     shapes = []
     for item in text.split(","):
@@ -828,17 +795,17 @@ def collect_meta(args: argparse.Namespace, device: torch.device, command: str) -
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": device.type,
         "device_name": (
-            torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_model()
+            torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
         ),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "torch_threads": torch.get_num_threads(),
         "cpu_count": len(affinity) if affinity is not None else os.cpu_count(),
-        "loadavg_start": _loadavg(),
+        "loadavg_start": loadavg(),
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "gmpo": _dist_version("gmpo"),
-        "trl": _dist_version("trl"),
-        "verl": _dist_version("verl"),
+        "gmpo": dist_version("gmpo"),
+        "trl": dist_version("trl"),
+        "verl": dist_version("verl"),
         "repeats": args.repeats,
         "repeats_large": args.repeats_large,
         "warmup": args.warmup,
@@ -982,10 +949,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     device = torch.device(args.device)
     t_start = time.perf_counter()
-    script = sys.argv[0]
-    with contextlib.suppress(ValueError):
-        script = os.path.relpath(script, REPO)
-    command = shlex.join(["python", script, *(sys.argv[1:] if argv is None else argv)])
+    command = command_line(__file__, sys.argv[1:] if argv is None else argv)
     meta = collect_meta(args, device, command)
     print(
         f"torch {meta['torch']}, device {device.type} ({meta['device_name']}), "
@@ -1013,7 +977,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "end": bw_end / 1e9,
         "used": bandwidth / 1e9,
     }
-    meta["loadavg_end"] = _loadavg()
+    meta["loadavg_end"] = loadavg()
     meta["timing_wall_s"] = round(time.perf_counter() - t_start, 1)
     if device.type == "cpu" and not args.no_memory:
         todo = rows

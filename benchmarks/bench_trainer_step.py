@@ -57,17 +57,12 @@ over the timed steps.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
-import ctypes.util
 import datetime
 import gc
-import importlib.metadata
 import json
 import math
 import os
 import platform
-import shlex
 import statistics
 import subprocess
 import sys
@@ -77,6 +72,15 @@ import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from _common import (
+    command_line,
+    cpu_model,
+    dist_version,
+    loadavg,
+    proc_status_kib,
+    reset_peak_rss,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -92,71 +96,6 @@ QUICK = dict(vocab=4096, hidden=32, layers=1, batch=4, generations=2, completion
 
 # --------------------------------------------------------------------------------------------
 # child: one variant, one fresh process
-
-
-def _status_kib(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{key} not in /proc/self/status")
-
-
-def _reset_peak() -> int:
-    """Free what can be freed, reset VmHWM to VmRSS and return VmRSS (KiB)."""
-    gc.collect()
-    libc = ctypes.util.find_library("c")
-    if libc:
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(libc).malloc_trim(0)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return _status_kib("VmRSS")
-
-
-def padded_tokenizer(vocab_size: int) -> Any:
-    """``gmpo_trl.toy``'s character tokenizer with dummy tokens ``<xI>`` up to ``vocab_size``."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    from gmpo_trl import toy
-
-    base = (*toy.SPECIALS, *toy.CHARS)
-    if vocab_size < len(base):
-        raise ValueError(f"--vocab must be at least {len(base)}")
-    vocab = {tok: i for i, tok in enumerate(base)}
-    vocab.update({f"<x{i}>": i for i in range(len(base), vocab_size)})
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", padding_side="left"
-    )
-
-
-def build_model(tokenizer: Any, hidden: int, layers: int, max_len: int, seed: int) -> Any:
-    """``gmpo_trl.toy.tiny_model``'s Qwen2 at this size (its positions are capped at 64)."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=max_len,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-    )
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    return model
 
 
 def hash_reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
@@ -193,9 +132,13 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     from gmpo_trl import GMPOConfig, GMPOTrainer, toy
 
     t_setup = time.perf_counter()
-    tokenizer = padded_tokenizer(args.vocab)
-    model = build_model(
-        tokenizer, args.hidden, args.layers, PROMPT_LEN + args.completion, args.seed
+    tokenizer = toy.char_tokenizer(vocab_size=args.vocab)
+    model = toy.tiny_model(
+        tokenizer,
+        seed=args.seed,
+        hidden_size=args.hidden,
+        layers=args.layers,
+        max_len=PROMPT_LEN + args.completion,
     )
     # the trainer's output_dir, inside the parent's temporary directory (removed with it)
     tmp = tempfile.mkdtemp(prefix="out_", dir=os.path.dirname(os.path.abspath(args.save)))
@@ -251,9 +194,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     trainer._get_per_token_logps_and_entropies = capture
     fwd, bwd, total, peaks = [], [], [], []
     for rep in range(args.repeats):
-        rss = _reset_peak()
+        gc.collect()
+        rss = reset_peak_rss()
         loss, f, b = loss_step()
-        peaks.append((_status_kib("VmHWM") - rss) * 1024)
+        peaks.append((proc_status_kib("VmHWM") - rss) * 1024)
         fwd.append(f)
         bwd.append(b)
         total.append(f + b)
@@ -284,13 +228,14 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             def on_step_begin(self, _a: Any, state: Any, _c: Any, **_: Any) -> None:
                 self.timed = state.global_step >= 1
                 if self.timed:
-                    self.rss = _reset_peak()
+                    gc.collect()
+                    self.rss = reset_peak_rss()
                     self.t0 = time.perf_counter()
 
             def on_step_end(self, _a: Any, state: Any, _c: Any, **_: Any) -> None:
                 if self.timed:
                     record["seconds"].append(time.perf_counter() - self.t0)
-                    record["peak_extra_bytes"].append((_status_kib("VmHWM") - self.rss) * 1024)
+                    record["peak_extra_bytes"].append((proc_status_kib("VmHWM") - self.rss) * 1024)
 
         trainer.add_callback(Timer())
         trainer.train()
@@ -302,31 +247,6 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------------------------
 # parent: children, comparison, table, files
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def _loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "?"
-
-
-def _version(name: str) -> str:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
 
 
 def run_child(variant: str, args: argparse.Namespace, save: str) -> dict[str, Any]:
@@ -511,17 +431,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     for v in variants:
         if v not in VARIANTS:
             p.error(f"unknown variant {v!r}; choose from {VARIANTS}")
-    trl_version = _version("trl")
+    trl_version = dist_version("trl") or "not installed"
     labels = {
         "trl": f"TRL {trl_version} (gmpo_lm_head=False)",
         "gmpo": "gmpo token_logprobs (gmpo_lm_head=True)",
     }
     tokens = args.batch * (PROMPT_LEN + args.completion - 1)
-    load_start = _loadavg()
+    load_start = loadavg()
     print(
         f"# V = {args.vocab}, H = {args.hidden}, {args.layers} layer(s), B = {args.batch}, "
         f"T = {args.completion}, P = {PROMPT_LEN}: {tokens} tokens scored per step; "
-        f"{args.threads} thread(s), {_cpu_model()}, load {load_start}",
+        f"{args.threads} thread(s), {cpu_model()}, load {load_start}",
         flush=True,
     )
     results: dict[str, dict[str, Any]] = {}
@@ -546,7 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         agreement = compare(saved) if set(VARIANTS) <= set(variants) else {}
     wall = time.perf_counter() - t_all
-    load_end = _loadavg()
+    load_end = loadavg()
     summary = summarize(results)
     text = table(summary, labels)
     checks = verdict(summary)
@@ -581,19 +501,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import torch
 
-    command = "python " + " ".join(
-        shlex.quote(a)
-        for a in [os.path.relpath(__file__, REPO), *(argv if argv is not None else sys.argv[1:])]
-    )
+    command = command_line(__file__, sys.argv[1:] if argv is None else argv)
     meta = {
         "command": command,
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "torch": torch.__version__,
         "trl": trl_version,
-        "transformers": _version("transformers"),
-        "gmpo": _version("gmpo"),
+        "transformers": dist_version("transformers") or "not installed",
+        "gmpo": dist_version("gmpo") or "not installed",
         "python": platform.python_version(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "threads": args.threads,
         "load_average_start": load_start,
         "load_average_end": load_end,

@@ -124,14 +124,14 @@ class _Direct:
     validated, and what the compiled code may assume is known: its signature (dtypes, devices,
     ranks, which optional inputs are present, the Python arguments: the cache key) and the size
     guards that tracing and Inductor recorded (say, "T <= 4096" for its choice of summation),
-    which are checked on every call as one small Python function of (B, T), with the size class
-    (:data:`_LARGE_TOKENS`). So the kernel is
-    traced with ``make_fx`` (symbolic sizes, Inductor's decompositions, the first call's sizes as
-    hints) and handed to Inductor's ``compile_fx_inner``, which is what ``torch.compile`` does
-    after Dynamo and AOTAutograd; sizes that fail a variant's guards get a new variant. Those
-    are PyTorch internals: if this fails on an installed version, or a guard reads anything but
-    B and T, the kernel goes through ``torch.compile(dynamic=True, fullgraph=True)`` instead
-    (``fallback``), so the speed may change but not the result.
+    plus the size class (:data:`_LARGE_TOKENS`), which are checked on every call as one small
+    Python function of (B, T). So the kernel is traced with ``make_fx`` (symbolic sizes,
+    Inductor's decompositions, the first call's sizes as hints) and handed to Inductor's
+    ``compile_fx_inner``, which is what ``torch.compile`` does after Dynamo and AOTAutograd; sizes
+    that fail a variant's guards get a new variant. Those are PyTorch internals: if this fails on
+    an installed version, or a guard reads anything but B and T, the kernel goes through
+    ``torch.compile(dynamic=True, fullgraph=True)`` instead (``fallback``), so the speed may
+    change but not the result.
     """
 
     def __init__(self, fn: Callable[..., Any]) -> None:
@@ -205,12 +205,13 @@ class _Direct:
             extra = set().union(*(g.free_symbols for g in guards)) - set(sizes)
             if extra:
                 raise RuntimeError(f"guards on other sizes than (B, T): {guards}")
+            tokens = sizes[0] * sizes[1]  # the size class is one more guard
+            guards.append(
+                tokens >= _LARGE_TOKENS if b * t >= _LARGE_TOKENS else tokens < _LARGE_TOKENS
+            )
             holds = sympy.lambdify(sizes, sympy.And(*guards), modules="math")
-            large = b * t >= _LARGE_TOKENS
             _log.info("gmpo_core: compiled %s for %s, guards %s", self.fn.__name__, sizes, guards)
-            return (
-                lambda b, t: (b * t >= _LARGE_TOKENS) == large and bool(holds(b, t, 4))
-            ), compiled
+            return (lambda b, t: bool(holds(b, t, 4))), compiled
         except Exception as e:  # any failure: the same kernel through torch.compile
             _log.info("gmpo_core: direct Inductor compile failed (%r); using torch.compile", e)
             return None

@@ -21,12 +21,17 @@ CHARS = DIGITS + "=+abcdefgh"
 SPECIALS = ("<pad>", "<eos>")
 
 
-def char_tokenizer() -> Any:
-    """A left-padding character tokenizer (``PreTrainedTokenizerFast``), built without the hub."""
+def char_tokenizer(vocab_size: int | None = None) -> Any:
+    """A left-padding character tokenizer (``PreTrainedTokenizerFast``), built without the hub.
+    ``vocab_size`` pads the vocabulary with dummy tokens ``<xI>`` (a model with a large head)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate((*SPECIALS, *CHARS))}
+    base = (*SPECIALS, *CHARS)
+    if vocab_size is not None and vocab_size < len(base):
+        raise ValueError(f"vocab_size must be at least {len(base)}, got {vocab_size}")
+    vocab = {tok: i for i, tok in enumerate(base)}
+    vocab.update({f"<x{i}>": i for i in range(len(base), vocab_size or 0)})
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()
@@ -36,7 +41,9 @@ def char_tokenizer() -> Any:
     return tok
 
 
-def tiny_model(tokenizer: Any, *, seed: int = 0, hidden_size: int = 32, layers: int = 2) -> Any:
+def tiny_model(
+    tokenizer: Any, *, seed: int = 0, hidden_size: int = 32, layers: int = 2, max_len: int = 64
+) -> Any:
     """A randomly initialized Qwen2-style causal LM sized for CPU tests (about 30k parameters)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -48,7 +55,7 @@ def tiny_model(tokenizer: Any, *, seed: int = 0, hidden_size: int = 32, layers: 
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=64,
+        max_position_embeddings=max_len,
         tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
