@@ -13,6 +13,12 @@ same kernel), ``g_lc_i`` the upstream gradient of ``log_coef_i``, and ``policy_i
 policy term (its own derivative with respect to ``log_coef``). So a forward+backward reads logp,
 old_logp and the mask twice and writes the gradient once: close to the memory-bandwidth bound.
 
+Where a backward is coming (``logp`` requires grad, full precision), the forward kernel also
+writes the gradient of ``loss`` right after its row sums, while the inputs are still in cache.
+Every row's gradient is proportional to ``g_i``, so unless ``log_coef`` gets an upstream
+gradient, the backward only scales it per row (not at all for ``loss.backward()`` on CPU) and
+the backward kernel does not run.
+
 The kernels are plain tensor functions. :func:`compile_kernels` compiles them with Inductor for
 symbolic sizes and calls the generated code directly, without Dynamo's per-call work
 (:class:`_Direct`; ``torch.compile(dynamic=True, fullgraph=True)`` where that is not possible).
@@ -56,8 +62,11 @@ def _forward_kernel(
     w_row: Tensor | None,
     params: Tensor,
     dual: bool,
+    speculate: bool,
 ) -> tuple[Tensor | None, ...]:
-    """Every row-level quantity in one pass over the (B, T) inputs, and the metrics."""
+    """Every row-level quantity in one pass over the (B, T) inputs, and the metrics. With
+    ``speculate``, also the gradient of ``loss`` with respect to ``logp`` (its last output): a row's
+    gradient needs only that row's sums, so it is written while the row is still in cache."""
     eps_low, eps_high, log_dual, beta = _unpack(params, dual)
     per_seq, log_coef, policy, n, stats, kl_rows = compute(
         logp, old_logp, adv, mask, ref_logp, w_tok, w_row,
@@ -65,7 +74,45 @@ def _forward_kernel(
     )  # fmt: skip
     kl_sum = per_seq.new_zeros(()) if kl_rows is None else kl_rows.sum()
     metrics = metric_vector(stats, kl_sum)
-    return (per_seq.mean(), per_seq, log_coef, policy, n, *stats, kl_sum, metrics)
+    out = (per_seq.mean(), per_seq, log_coef, policy, n, *stats, kl_sum, metrics)
+    if not speculate:
+        return out
+    g = per_seq.new_ones(()) / per_seq.shape[0]  # d loss / d per_sequence_loss_i
+    grad = _logp_grad(g, None, logp, old_logp, adv, mask, ref_logp, w_tok, policy, n, params, dual)
+    return (*out, grad)
+
+
+def _logp_grad(
+    g: Tensor,
+    g_lc: Tensor | None,
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    ref_logp: Tensor | None,
+    w_tok: Tensor | None,
+    policy: Tensor,
+    n: Tensor,
+    params: Tensor,
+    dual: bool,
+) -> Tensor:
+    """The gradient with respect to ``logp`` (formula in the module docstring) given ``g``, the
+    upstream gradient of each row's ``per_sequence_loss`` (or one for all rows), and ``g_lc``,
+    that of ``log_coef`` (None: zero)."""
+    eps_low, eps_high, log_dual, beta = _unpack(params, dual)
+    cdt = params.dtype
+    valid = _valid(mask, w_tok)
+    lp = logp.to(cdt)
+    r = lp - old_logp.to(cdt)  # (B, T); NaN at invalid positions is selected away below
+    lo, hi = _row_bounds(adv.to(cdt), eps_low, eps_high, log_dual)
+    unclipped = (r >= _rows(lo, r)) & (r <= _rows(hi, r))  # where clamp passes the gradient
+    nf = n.clamp(min=1).to(cdt)  # (B,)
+    coef = g * policy if g_lc is None else g_lc + g * policy
+    grad = torch.where(valid & unclipped, _rows(coef / nf, r), 0)
+    if ref_logp is not None:
+        kl_scale = _rows(g * beta / nf, r)  # (B, 1)
+        grad = grad - torch.where(valid, torch.expm1(ref_logp.to(cdt) - lp) * kl_scale, 0)
+    return grad.to(logp.dtype)
 
 
 def _backward_kernel(
@@ -83,21 +130,11 @@ def _backward_kernel(
     params: Tensor,
     dual: bool,
 ) -> Tensor:
-    """The gradient with respect to ``logp`` in one pass (formula in the module docstring)."""
-    eps_low, eps_high, log_dual, beta = _unpack(params, dual)
-    cdt = params.dtype
-    valid = _valid(mask, w_tok)
-    lp = logp.to(cdt)
-    r = lp - old_logp.to(cdt)  # (B, T); NaN at invalid positions is selected away below
-    lo, hi = _row_bounds(adv.to(cdt), eps_low, eps_high, log_dual)
-    unclipped = (r >= _rows(lo, r)) & (r <= _rows(hi, r))  # where clamp passes the gradient
-    nf = n.clamp(min=1).to(cdt)  # (B,)
-    grad_ps = grad_ps + grad_loss / grad_ps.shape[0]  # loss = mean of per_sequence_loss
-    grad = torch.where(valid & unclipped, _rows((grad_lc + grad_ps * policy) / nf, r), 0)
-    if ref_logp is not None:
-        kl_scale = _rows(grad_ps * beta / nf, r)  # (B, 1)
-        grad = grad - torch.where(valid, torch.expm1(ref_logp.to(cdt) - lp) * kl_scale, 0)
-    return grad.to(logp.dtype)
+    """The gradient with respect to ``logp`` in one pass, from any upstream gradients."""
+    g = grad_ps + grad_loss / grad_ps.shape[0]  # loss = mean of per_sequence_loss
+    return _logp_grad(
+        g, grad_lc, logp, old_logp, adv, mask, ref_logp, w_tok, policy, n, params, dual
+    )
 
 
 class Kernels(NamedTuple):
@@ -287,35 +324,62 @@ class _FusedGMPO(torch.autograd.Function):
         w_row: Tensor | None,
         params: Tensor,
         dual: bool,
+        speculate: bool,
         kernels: Kernels,
         strict: bool,
         extra: list[Tensor | None],
     ) -> tuple[Tensor, Tensor, Tensor]:
         out = _run(
             kernels, strict, "forward",
-            logp, old_logp, adv, mask, ref_logp, w_tok, w_row, params, dual,
+            logp, old_logp, adv, mask, ref_logp, w_tok, w_row, params, dual, speculate,
         )  # fmt: skip
         loss, per_seq, log_coef, policy, n, *rest = out
+        # d loss / d logp, written by the forward (``speculate``). An attribute, not a saved
+        # tensor: the backward scales it in place and hands it on, once.
+        ctx.loss_grad = rest.pop() if speculate else None
         # The statistics leave through ``extra``, not as outputs: autograd tracks three tensors.
         extra.extend(rest)
         ctx.save_for_backward(logp, old_logp, adv, mask, ref_logp, w_tok, policy, n, params)
         ctx.dual, ctx.kernels, ctx.strict = dual, kernels, strict
+        ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
         return loss, per_seq, log_coef
 
     @staticmethod
     @once_differentiable
     def backward(
-        ctx: Any, grad_loss: Tensor, grad_ps: Tensor, grad_lc: Tensor
+        ctx: Any, grad_loss: Tensor | None, grad_ps: Tensor | None, grad_lc: Tensor | None
     ) -> tuple[Tensor | None, ...]:
+        loss_grad, ctx.loss_grad = ctx.loss_grad, None  # usable once (retain_graph: recompute)
+        if not ctx.needs_input_grad[0]:
+            return (None,) * 13
+        if loss_grad is not None and grad_lc is None and not torch.compiler.is_compiling():
+            return (_scale_loss_grad(loss_grad, grad_loss, grad_ps),) + (None,) * 12
         logp, old_logp, adv, mask, ref_logp, w_tok, policy, n, params = ctx.saved_tensors
-        grad = None
-        if ctx.needs_input_grad[0]:
-            grad = _run(
-                ctx.kernels, ctx.strict, "backward",
-                grad_loss, grad_ps, grad_lc, logp, old_logp, adv, mask, ref_logp, w_tok, policy, n,
-                params, ctx.dual,
-            )  # fmt: skip
-        return (grad,) + (None,) * 11
+        zero = policy.new_zeros(())
+        grad = _run(
+            ctx.kernels, ctx.strict, "backward",
+            zero if grad_loss is None else grad_loss,
+            zero.expand_as(policy) if grad_ps is None else grad_ps,
+            zero.expand_as(policy) if grad_lc is None else grad_lc,
+            logp, old_logp, adv, mask, ref_logp, w_tok, policy, n, params, ctx.dual,
+        )  # fmt: skip
+        return (grad,) + (None,) * 12
+
+
+def _scale_loss_grad(loss_grad: Tensor, grad_loss: Tensor | None, grad_ps: Tensor | None) -> Tensor:
+    """The gradient from that of ``loss`` (``loss_grad``, overwritten), when ``log_coef`` got no
+    upstream gradient. Row i's gradient is proportional to the upstream gradient of its
+    ``per_sequence_loss`` (policy and KL term alike), and ``loss`` is their mean, so a row scale
+    ``B * grad_ps_i + grad_loss`` turns one into the other. On CPU an upstream gradient of
+    exactly 1 (``loss.backward()``) skips the pass; on an accelerator reading it would sync."""
+    if grad_ps is not None:
+        scale = grad_ps * grad_ps.shape[0]
+        scale = scale if grad_loss is None else scale + grad_loss
+        return loss_grad.mul_(scale.to(loss_grad.dtype).unsqueeze(-1))
+    assert grad_loss is not None  # autograd calls backward when some output has a gradient
+    if grad_loss.device.type == "cpu" and grad_loss.item() == 1.0:
+        return loss_grad
+    return loss_grad.mul_(grad_loss.to(loss_grad.dtype))
 
 
 def fused_gmpo(
@@ -342,10 +406,13 @@ def fused_gmpo(
     if mask.dtype == torch.bool:
         mask = mask.view(torch.uint8)  # zero-copy; see ops._valid
     params = _params(eps_low, eps_high, log_dual, beta, compute_dtype(logp.dtype), logp.device)
+    # Write the gradient of ``loss`` in the forward where a backward is coming, in full
+    # precision only (a low-precision gradient scaled in the backward would be rounded twice).
+    speculate = torch.is_grad_enabled() and logp.requires_grad and logp.dtype == params.dtype
     extra: list[Tensor | None] = []
     loss, per_seq, log_coef = _FusedGMPO.apply(  # type: ignore[no-untyped-call]
         logp, old_logp, advantages.detach(), mask, ref_logp, w_tok, w_row, params,
-        log_dual is not None, kernels, strict, extra,
+        log_dual is not None, speculate, kernels, strict, extra,
     )  # fmt: skip
     *stats, kl_sum, metrics = extra
     kl = None if ref_logp is None else kl_sum

@@ -174,7 +174,8 @@ def gmpo_loss(
         dual_clip: optional cap ``c > 1`` on the ratio of negative-advantage tokens.
         impl: ``"auto"`` (the fused, compiled path where ``torch.compile`` works, else the fused
             path run eagerly, with one warning), ``"compiled"`` (the fused, compiled path or an
-            error) or ``"eager"`` (the building blocks under plain autograd).
+            error) or ``"eager"`` (the building blocks under plain autograd). Inside a user's
+            ``torch.compile`` every ``impl`` traces the building blocks into the user's graph.
         check_values: also check values (mask is 0/1, finite log-probs at valid positions,
             non-negative weights). This synchronizes with the device.
 
@@ -199,7 +200,7 @@ def gmpo_loss(
         else:
             w_row = is_weights.detach().reshape(-1)
 
-    if impl == "eager" or (impl == "auto" and torch.compiler.is_compiling()):
+    if impl == "eager" or torch.compiler.is_compiling():  # the user's compile fuses them
         return _eager(
             logp, old, advantages, mask, ref, w_tok, w_row, eps_low, eps_high, log_dual, beta
         )

@@ -110,6 +110,20 @@ M = [
         '_masked_extreme(r.amax(-1), n > 0, "max")',
         "tests/test_properties.py -k 'matches_reference_float32 and eager'",
     ),
+    (
+        "forward-written gradient: per-row upstream not scaled by B",
+        "gmpo_core/fused.py",
+        "scale = grad_ps * grad_ps.shape[0]",
+        "scale = grad_ps",
+        "tests/test_compile.py -k 'written_by_the_forward_equals'",
+    ),
+    (
+        "forward-written gradient: upstream scalar ignored",
+        "gmpo_core/fused.py",
+        'grad_loss.device.type == "cpu" and grad_loss.item() == 1.0',
+        'grad_loss.device.type == "cpu"',
+        "tests/test_compile.py -k 'written_by_the_forward'",
+    ),
 ]
 only = sys.argv[1:]
 for i, (name, path, old, new, tests) in enumerate(M):

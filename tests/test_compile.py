@@ -43,18 +43,21 @@ def test_fused_kernels_compile_without_graph_breaks_and_few_recompilations() -> 
             x["logp"], x["old_logp"], x["advantages"], x["mask"], x["ref_logp"], None, None,
             0.4, 0.4, None, 0.04, strict=True, kernels=kernels,
         )  # fmt: skip
-        out.loss.backward()
+        # log_coef's gradient takes the backward kernel (loss alone: the forward wrote it)
+        (out.loss + out.log_coef.sum()).backward()
         assert torch.isfinite(x["logp"].grad).all()
     assert len(SHAPES) >= 6
     assert 1 <= fwd.frame_count <= 3, fwd.frame_count
     assert 1 <= bwd.frame_count <= 3, bwd.frame_count
 
 
-def test_eager_path_traces_into_a_user_graph_without_breaks() -> None:
-    """Users who compile their whole step get the building blocks traced with it."""
+@pytest.mark.parametrize("impl", ["auto", "compiled"])
+def test_eager_path_traces_into_a_user_graph_without_breaks(impl: str) -> None:
+    """Users who compile their whole step get the building blocks traced with it, whatever
+    ``impl`` they asked for (the fused path's autograd function is not traceable)."""
     torch._dynamo.reset()
     cnt = CompileCounter()
-    loss_fn = functools.partial(gmpo_loss, impl="auto", beta=0.04, epsilon_high=0.28)
+    loss_fn = functools.partial(gmpo_loss, impl=impl, beta=0.04, epsilon_high=0.28)
 
     @torch.compile(backend=cnt, dynamic=True, fullgraph=True)
     def step(logp, old_logp, advantages, mask, ref_logp):  # type: ignore[no-untyped-def]
@@ -64,7 +67,11 @@ def test_eager_path_traces_into_a_user_graph_without_breaks() -> None:
     for i, (b, t) in enumerate(SHAPES):
         x = _inputs(b, t, seed=i)
         loss, _ = step(**x)
-        loss.backward()
+        (grad,) = torch.autograd.grad(loss, x["logp"])
+        expected = gmpo_loss(**x, impl="eager", beta=0.04, epsilon_high=0.28)  # type: ignore[arg-type]
+        (want,) = torch.autograd.grad(expected.loss, x["logp"])
+        torch.testing.assert_close(loss, expected.loss, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(grad, want, rtol=1e-6, atol=1e-7)
     assert cnt.frame_count <= 3, cnt.frame_count
     assert cnt.op_count > 0
 
@@ -145,31 +152,38 @@ VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_default_kernels_run_without_dynamo_and_equal_eager(variant: str) -> None:
-    """The default compiled kernels are Inductor code called directly (no Dynamo frame, no
-    fallback) for every input signature, on non-contiguous inputs too, and equal the eager
-    path forward and backward."""
+def _variant_case(
+    variant: str, b: int, t: int, seed: int
+) -> tuple[dict[str, torch.Tensor], dict[str, object], torch.Tensor]:
+    """Inputs, gmpo_loss keywords and a random (B,) upstream gradient for one of VARIANTS."""
     kw = dict(VARIANTS[variant])
-    dtype = kw.pop("dtype", torch.float32)
-    b, t = 6, 40
-    x = _inputs(b, t, seed=11, dtype=dtype)
+    x = _inputs(b, t, seed=seed, dtype=kw.pop("dtype", torch.float32))  # type: ignore[arg-type]
     ref = x.pop("ref_logp")
     if kw.get("beta"):
         kw["ref_logp"] = ref
-    g = torch.Generator().manual_seed(5)
+    g = torch.Generator().manual_seed(seed + 1)
     if kw.get("is_weights") == "token":
         kw["is_weights"] = torch.where(
             torch.rand(b, t, generator=g) < 0.2, 0.0, torch.rand(b, t, generator=g) + 0.5
         )
     elif kw.get("is_weights") == "row":
         kw["is_weights"] = torch.rand(b, generator=g) + 0.5
+    return x, kw, torch.randn(b, generator=g)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_default_kernels_run_without_dynamo_and_equal_eager(variant: str) -> None:
+    """The default compiled kernels are Inductor code called directly (no Dynamo frame, no
+    fallback) for every input signature, on non-contiguous inputs too, and equal the eager
+    path forward and backward."""
+    b, t = 6, 40
+    x, kw, upstream = _variant_case(variant, b, t, seed=11)
+    dtype = x["logp"].dtype
     # a non-contiguous old_logp (a column slice of a wider tensor)
     wide = torch.zeros(b, 2 * t, dtype=dtype)
     wide[:, ::2] = x["old_logp"]
     x["old_logp"] = wide[:, ::2]
     assert not x["old_logp"].is_contiguous()
-    upstream = torch.randn(b, generator=g)
     results = {}
     for impl in ("eager", "compiled"):
         out = gmpo_loss(**x, impl=impl, **kw)  # type: ignore[arg-type]
@@ -233,7 +247,7 @@ def test_default_kernels_compile_once_across_shapes() -> None:
             x["logp"], x["old_logp"], x["advantages"], x["mask"], None, None, None,
             0.4, 0.4, None, 0.0, strict=True, kernels=kernels,
         )  # fmt: skip
-        out.loss.backward()
+        (out.loss + out.log_coef.sum()).backward()  # log_coef: the backward kernel runs
         expected = gmpo_loss(x["logp"], x["old_logp"], x["advantages"], x["mask"], impl="eager")
         torch.testing.assert_close(out.loss, expected.loss)
     for direct in (kernels.forward, kernels.backward):
@@ -278,3 +292,73 @@ def test_backward_with_only_some_outputs_used(used: str) -> None:
         (grads[impl],) = torch.autograd.grad(objective, x["logp"])
     torch.testing.assert_close(grads["compiled"], grads["eager"], rtol=1e-6, atol=1e-7)
     assert grads["eager"].abs().sum() > 0
+
+
+SPECULATIVE_OBJECTIVES = {
+    "loss": lambda o, w: o.loss,
+    "scaled loss": lambda o, w: o.loss * 0.25,  # say, divided by the accumulation steps
+    "per_sequence_loss": lambda o, w: (o.per_sequence_loss * w).sum(),
+    "loss+per_sequence_loss": lambda o, w: 3.0 * o.loss + (o.per_sequence_loss * w).sum(),
+}
+
+
+@pytest.mark.parametrize("objective", list(SPECULATIVE_OBJECTIVES))
+@pytest.mark.parametrize("variant", ["plain", "kl", "token weights", "row weights", "dual clip"])
+def test_gradient_written_by_the_forward_equals_eager(
+    objective: str, variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where only ``loss`` and ``per_sequence_loss`` reach the objective, the gradient the
+    forward kernel wrote (scaled per row in the backward) is the result, the backward kernel is
+    never called, and it equals eager autograd's."""
+    x, kw, upstream = _variant_case(variant, 6, 40, seed=13)
+    kernels = fused.compile_kernels()
+    monkeypatch.setattr(fused, "_default_kernels", kernels)
+    grads = {}
+    for impl in ("eager", "compiled"):
+        out = gmpo_loss(**x, impl=impl, **kw)  # type: ignore[arg-type]
+        (grads[impl],) = torch.autograd.grad(
+            SPECULATIVE_OBJECTIVES[objective](out, upstream), x["logp"]
+        )
+    assert kernels.forward.cache and not kernels.backward.cache  # the backward kernel never ran
+    torch.testing.assert_close(grads["compiled"], grads["eager"], rtol=1e-6, atol=1e-7)
+    assert grads["eager"].abs().sum() > 0
+
+
+def test_gradient_written_by_the_forward_survives_retain_graph() -> None:
+    """A second backward through the same graph (retain_graph) recomputes the gradient: the
+    first one consumed the forward's buffer."""
+    x = _inputs(5, 24, seed=23)
+    out = gmpo_loss(**x, beta=0.1, impl="compiled")  # type: ignore[arg-type]
+    (first,) = torch.autograd.grad(out.loss * 0.5, x["logp"], retain_graph=True)
+    (second,) = torch.autograd.grad(out.loss * 0.5, x["logp"])
+    expected = gmpo_loss(**x, beta=0.1, impl="eager")  # type: ignore[arg-type]
+    (want,) = torch.autograd.grad(expected.loss * 0.5, x["logp"])
+    torch.testing.assert_close(first, want, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(second, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("case", ["no_grad", "bf16", "logp without grad"])
+def test_forward_writes_no_gradient_where_none_is_needed_or_exact(case: str) -> None:
+    """No gradient is written by the forward without a backward to come, nor for low-precision
+    log-probs (scaling it in the backward would round twice): the backward kernel serves those."""
+    kernels = fused.compile_kernels()
+    calls: list[bool] = []
+    forward = kernels.forward
+
+    def spy(*args):  # type: ignore[no-untyped-def]
+        calls.append(args[-1])  # ``speculate``
+        return forward(*args)
+
+    kernels = kernels._replace(forward=spy)
+    x = _inputs(4, 16, seed=29, dtype=torch.bfloat16 if case == "bf16" else torch.float32)
+    if case == "logp without grad":
+        x["logp"] = x["logp"].detach()
+    args = (x["logp"], x["old_logp"], x["advantages"], x["mask"], None, None, None)
+    with torch.set_grad_enabled(case != "no_grad"):
+        out = fused.fused_gmpo(*args, 0.2, 0.2, None, 0.0, strict=True, kernels=kernels)
+    assert calls == [False]
+    if case == "bf16":
+        (grad,) = torch.autograd.grad(out.loss, x["logp"])
+        expected = gmpo_loss(*args[:4], epsilon=0.2, impl="eager")  # type: ignore[misc]
+        (want,) = torch.autograd.grad(expected.loss, x["logp"])
+        torch.testing.assert_close(grad, want, rtol=8e-3, atol=1e-6)
