@@ -302,16 +302,22 @@ SPECULATIVE_OBJECTIVES = {
 }
 
 
+@pytest.fixture(scope="module")
+def fresh_kernels() -> fused.Kernels:
+    """Default-style kernels of this module's own (one compilation per input signature)."""
+    return fused.compile_kernels()
+
+
 @pytest.mark.parametrize("objective", list(SPECULATIVE_OBJECTIVES))
 @pytest.mark.parametrize("variant", ["plain", "kl", "token weights", "row weights", "dual clip"])
 def test_gradient_written_by_the_forward_equals_eager(
-    objective: str, variant: str, monkeypatch: pytest.MonkeyPatch
+    objective: str, variant: str, fresh_kernels: fused.Kernels, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Where only ``loss`` and ``per_sequence_loss`` reach the objective, the gradient the
     forward kernel wrote (scaled per row in the backward) is the result, the backward kernel is
     never called, and it equals eager autograd's."""
     x, kw, upstream = _variant_case(variant, 6, 40, seed=13)
-    kernels = fused.compile_kernels()
+    kernels = fresh_kernels
     monkeypatch.setattr(fused, "_default_kernels", kernels)
     grads = {}
     for impl in ("eager", "compiled"):
