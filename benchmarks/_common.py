@@ -13,6 +13,17 @@ import os
 import platform
 import shlex
 from collections.abc import Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO / "benchmarks" / "results"
+IMG_DIR = REPO / "docs" / "img"
+# Memory-measuring children allocate every buffer above 128 KiB with mmap and give it back on
+# free, so that their resident set follows live memory (glibc's default threshold grows up to
+# 32 MiB, after which freed tensors stay resident and hide the next call's allocations from the
+# high-water mark).
+MEMORY_RESOLUTION_BYTES = 128 * 1024
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(MEMORY_RESOLUTION_BYTES)}
 
 
 def proc_status_kib(field: str) -> int:

@@ -41,14 +41,19 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from _common import command_line, cpu_model, dist_version, proc_status_kib, reset_peak_rss
+from _common import (
+    IMG_DIR,
+    REPO,
+    RESULTS_DIR,
+    command_line,
+    cpu_model,
+    dist_version,
+    proc_status_kib,
+    reset_peak_rss,
+)
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "benchmarks" / "results"
-IMG = REPO / "docs" / "img"
 PATHS = ("materialized", "trl", "gmpo")
 W_ROW_STRIDE = 97  # rows of the weight gradient saved for the cross-path comparison
 
@@ -372,8 +377,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "temperature": args.temperature,
         "gmpo_chunk_size": chunk,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = RESULTS / f"lm_head_{args.tag}"
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    stem = RESULTS_DIR / f"lm_head_{args.tag}"
     json_results = {str(n): results[n] for n in tokens}
     stem.with_suffix(".json").write_text(
         json.dumps({"meta": meta, "results": json_results, "targets_at_max_n": checks}, indent=1)
@@ -416,7 +421,7 @@ def _plots(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    IMG.mkdir(parents=True, exist_ok=True)
+    IMG_DIR.mkdir(parents=True, exist_ok=True)
     style = {
         "materialized": ("o-", "tab:red"),
         "trl": ("s-", "tab:orange"),
@@ -445,7 +450,7 @@ def _plots(
         )
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(IMG / fname)
+        fig.savefig(IMG_DIR / fname)
         plt.close(fig)
         print(f"wrote docs/img/{fname}")
 

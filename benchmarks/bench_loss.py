@@ -51,6 +51,10 @@ from typing import Any
 
 import torch
 from _common import (
+    IMG_DIR,
+    MALLOC_ENV,
+    MEMORY_RESOLUTION_BYTES,
+    RESULTS_DIR,
     command_line,
     cpu_model,
     dist_version,
@@ -62,10 +66,6 @@ from torch import Tensor
 
 from gmpo_core import gmpo_loss
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS_DIR = REPO / "benchmarks" / "results"
-IMG_DIR = REPO / "docs" / "img"
-
 EPSILON = 0.4  # log-space clip, both sides: the paper's exp(+-0.4), TRL's and verl's setting here
 BYTES_PER_TOKEN = 13  # logp 4 + old_logp 4 + mask 1 (bool) read, gradient 4 written
 COPY_MIB = 256  # large enough not to run from the last-level cache
@@ -73,11 +73,7 @@ COPY_MIB = 256  # large enough not to run from the last-level cache
 DEFAULT_SHAPES = ((2, 16), (8, 256), (32, 1024), (64, 2048), (128, 4096), (256, 4096), (512, 8192))
 QUICK_SHAPES = ((8, 256), (32, 1024))
 LARGE_TOKENS = 1 << 21  # shapes with more tokens than this get --repeats-large repeats
-# Children allocate every buffer above 128 KiB with mmap and give it back on free, so that their
-# resident set follows live memory (glibc's default threshold grows up to 32 MiB, after which
-# freed tensors stay resident and hide the next call's allocations from the high-water mark).
-MEMORY_RESOLUTION_BYTES = 128 * 1024
-CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": str(MEMORY_RESOLUTION_BYTES)}
+CHILD_ENV = MALLOC_ENV  # see _common.MEMORY_RESOLUTION_BYTES
 
 IMPLS = ("gmpo-compiled", "gmpo-eager", "trl", "verl")
 Step = Callable[[], Tensor]

@@ -74,6 +74,9 @@ from pathlib import Path
 from typing import Any
 
 from _common import (
+    MALLOC_ENV,
+    REPO,
+    RESULTS_DIR,
     command_line,
     cpu_model,
     dist_version,
@@ -82,13 +85,11 @@ from _common import (
     reset_peak_rss,
 )
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "benchmarks" / "results"
 VARIANTS = ("trl", "gmpo")
 PROMPT_LEN = 2  # the toy prompts "d=" are two characters, two tokens
-# Same as bench_loss.CHILD_ENV: buffers of 128 KiB and more are mapped on allocation and unmapped
-# on free, so the resident set follows live memory; one thread for the tokenizer's Rust pool too.
-CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024), "TOKENIZERS_PARALLELISM": "false"}
+# bench_loss's malloc setting (see _common.MEMORY_RESOLUTION_BYTES); one thread for the
+# tokenizer's Rust pool too.
+CHILD_ENV = {**MALLOC_ENV, "TOKENIZERS_PARALLELISM": "false"}
 RESULT_MARK = "BENCH_RESULT "
 DEFAULTS = dict(vocab=151_936, hidden=128, layers=2, batch=16, generations=8, completion=192)
 QUICK = dict(vocab=4096, hidden=32, layers=1, batch=4, generations=2, completion=16)
@@ -531,8 +532,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "gmpo_impl": args.gmpo_impl,
         "wall_s": wall,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = RESULTS / f"trainer_step_{args.tag}"
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    stem = RESULTS_DIR / f"trainer_step_{args.tag}"
     stem.with_suffix(".json").write_text(
         json.dumps(
             {

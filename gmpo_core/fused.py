@@ -371,12 +371,14 @@ def _scale_loss_grad(loss_grad: Tensor, grad_loss: Tensor | None, grad_ps: Tenso
     upstream gradient. Row i's gradient is proportional to the upstream gradient of its
     ``per_sequence_loss`` (policy and KL term alike), and ``loss`` is their mean, so a row scale
     ``B * grad_ps_i + grad_loss`` turns one into the other. On CPU an upstream gradient of
-    exactly 1 (``loss.backward()``) skips the pass; on an accelerator reading it would sync."""
+    exactly 1 (``loss.backward()``) skips the pass; on an accelerator reading it would sync.
+    A missing upstream gradient (None) is zero, as in the backward kernel."""
     if grad_ps is not None:
         scale = grad_ps * grad_ps.shape[0]
         scale = scale if grad_loss is None else scale + grad_loss
         return loss_grad.mul_(scale.to(loss_grad.dtype).unsqueeze(-1))
-    assert grad_loss is not None  # autograd calls backward when some output has a gradient
+    if grad_loss is None:
+        return loss_grad.zero_()
     if grad_loss.device.type == "cpu" and grad_loss.item() == 1.0:
         return loss_grad
     return loss_grad.mul_(grad_loss.to(loss_grad.dtype))
