@@ -19,6 +19,10 @@ Every row's gradient is proportional to ``g_i``, so unless ``log_coef`` gets an 
 gradient, the backward only scales it per row (not at all for ``loss.backward()`` on CPU) and
 the backward kernel does not run.
 
+On CPU, in float32, without the KL term or per-token weights, a hand-written kernel
+(:mod:`gmpo_core._onepass`) replaces the compiled forward where it writes the gradient: it runs
+the same steps one row at a time, so that each row is read from memory once.
+
 The kernels are plain tensor functions. :func:`compile_kernels` compiles them with Inductor for
 symbolic sizes and calls the generated code directly, without Dynamo's per-call work
 (:class:`_Direct`; ``torch.compile(dynamic=True, fullgraph=True)`` where that is not possible).
@@ -40,6 +44,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from gmpo_core._onepass import OnePass
 from gmpo_core.loss import GMPOOutput, compute, compute_dtype
 from gmpo_core.ops import ClipStats, _row_bounds, _rows, _valid, metric_vector
 
@@ -141,6 +146,8 @@ class Kernels(NamedTuple):
     forward: Callable[..., tuple[Tensor | None, ...]]
     backward: Callable[..., Tensor]
     compiled: bool
+    # the hand-written one-pass CPU forward where it applies (see gmpo_core._onepass)
+    onepass: OnePass | None = None
 
 
 EAGER_KERNELS = Kernels(_forward_kernel, _backward_kernel, compiled=False)
@@ -256,9 +263,10 @@ class _Direct:
 
 def compile_kernels(backend: Any = "inductor") -> Kernels:
     """The two kernels compiled: by Inductor without Dynamo (:class:`_Direct`) for the default
-    backend, else under ``torch.compile(dynamic=True, fullgraph=True, backend=backend)``."""
+    backend, with the hand-written one-pass CPU forward where it applies; else under
+    ``torch.compile(dynamic=True, fullgraph=True, backend=backend)``."""
     if backend == "inductor":
-        return Kernels(_Direct(_forward_kernel), _Direct(_backward_kernel), compiled=True)
+        return Kernels(_Direct(_forward_kernel), _Direct(_backward_kernel), True, OnePass())
     compile_ = functools.partial(torch.compile, dynamic=True, fullgraph=True, backend=backend)
     return Kernels(compile_(_forward_kernel), compile_(_backward_kernel), compiled=True)
 
@@ -329,10 +337,13 @@ class _FusedGMPO(torch.autograd.Function):
         strict: bool,
         extra: list[Tensor | None],
     ) -> tuple[Tensor, Tensor, Tensor]:
-        out = _run(
-            kernels, strict, "forward",
-            logp, old_logp, adv, mask, ref_logp, w_tok, w_row, params, dual, speculate,
-        )  # fmt: skip
+        args = (logp, old_logp, adv, mask, ref_logp, w_tok, w_row, params, dual, speculate)
+        onepass = kernels.onepass
+        out: tuple[Any, ...] | None = None
+        if onepass is not None and onepass.applies(args):
+            out = onepass(*args)
+        if out is None:
+            out = _run(kernels, strict, "forward", *args)
         loss, per_seq, log_coef, policy, n, *rest = out
         # d loss / d logp, written by the forward (``speculate``). An attribute, not a saved
         # tensor: the backward scales it in place and hands it on, once.

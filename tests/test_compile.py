@@ -141,6 +141,9 @@ def test_compile_failure_is_a_clear_error_or_one_warning(monkeypatch: pytest.Mon
     torch.testing.assert_close(out2.loss, expected.loss)
 
 
+# the variants the hand-written one-pass CPU forward covers (float32, no KL, no token weights)
+ONEPASS_VARIANTS = {"plain", "row weights", "dual clip"}
+
 VARIANTS = {
     "plain": {},
     "kl": {"beta": 0.1},
@@ -185,15 +188,21 @@ def test_default_kernels_run_without_dynamo_and_equal_eager(variant: str) -> Non
     x["old_logp"] = wide[:, ::2]
     assert not x["old_logp"].is_contiguous()
     results = {}
+    kernels = fused.default_kernels()
+    assert kernels.onepass is not None
+    onepass_calls = kernels.onepass.calls
     for impl in ("eager", "compiled"):
         out = gmpo_loss(**x, impl=impl, **kw)  # type: ignore[arg-type]
         total = out.loss + (out.per_sequence_loss * upstream).sum() + out.log_coef.sum()
         (grad,) = torch.autograd.grad(total, x["logp"])
         results[impl] = (out, grad)
-    kernels = fused.default_kernels()
+    # the one-pass kernel ran for the variants it covers, the compiled forward for the others
+    assert kernels.onepass.calls == onepass_calls + (variant in ONEPASS_VARIANTS)
     for direct in (kernels.forward, kernels.backward):
         assert isinstance(direct, fused._Direct)
-        assert direct.cache and all(c is not None for c in direct.cache.values()), direct.cache
+        assert all(c is not None for c in direct.cache.values()), direct.cache
+    assert kernels.backward.cache
+    assert variant in ONEPASS_VARIANTS or kernels.forward.cache
     (e, ge), (c, gc) = results["eager"], results["compiled"]
     tol = {"rtol": 8e-3, "atol": 1e-6} if dtype == torch.bfloat16 else {"rtol": 1e-6, "atol": 1e-7}
     torch.testing.assert_close(c.per_sequence_loss, e.per_sequence_loss, rtol=1e-6, atol=1e-6)
@@ -240,7 +249,7 @@ def test_direct_path_falls_back_when_tracing_specializes_a_size() -> None:
 def test_default_kernels_compile_once_across_shapes() -> None:
     """Symbolic sizes: one compiled variant per kernel serves every (B, T) below Inductor's
     size thresholds (7 shapes here)."""
-    kernels = fused.compile_kernels()
+    kernels = fused.compile_kernels()._replace(onepass=None)  # the Inductor kernels alone
     for i, (b, t) in enumerate(SHAPES):
         x = _inputs(b, t, seed=i)
         out = fused.fused_gmpo(
@@ -259,7 +268,7 @@ def test_default_kernels_compile_once_across_shapes() -> None:
 def test_small_and_large_batches_get_their_own_compiled_code() -> None:
     """Inductor chooses serial or parallel code from the sizes it compiles for: a first call on a
     tiny batch must not decide for the large ones (and both stay equal to eager)."""
-    kernels = fused.compile_kernels()
+    kernels = fused.compile_kernels()._replace(onepass=None)  # the Inductor kernels alone
     for b, t in [(2, 16), (64, 1024), (4, 8), (128, 1024)]:
         x = _inputs(b, t, seed=b)
         out = fused.fused_gmpo(
@@ -319,13 +328,18 @@ def test_gradient_written_by_the_forward_equals_eager(
     x, kw, upstream = _variant_case(variant, 6, 40, seed=13)
     kernels = fresh_kernels
     monkeypatch.setattr(fused, "_default_kernels", kernels)
+    assert kernels.onepass is not None
+    onepass_calls = kernels.onepass.calls
     grads = {}
     for impl in ("eager", "compiled"):
         out = gmpo_loss(**x, impl=impl, **kw)  # type: ignore[arg-type]
         (grads[impl],) = torch.autograd.grad(
             SPECULATIVE_OBJECTIVES[objective](out, upstream), x["logp"]
         )
-    assert kernels.forward.cache and not kernels.backward.cache  # the backward kernel never ran
+    assert not kernels.backward.cache  # the backward kernel never ran
+    # the forward that wrote the gradient: the one-pass kernel where it applies
+    assert kernels.onepass.calls == onepass_calls + (variant in ONEPASS_VARIANTS)
+    assert variant in ONEPASS_VARIANTS or kernels.forward.cache
     torch.testing.assert_close(grads["compiled"], grads["eager"], rtol=1e-6, atol=1e-7)
     assert grads["eager"].abs().sum() > 0
 
