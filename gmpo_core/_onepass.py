@@ -6,7 +6,8 @@ writes the gradient. From about 2^22 tokens the second read comes from memory ag
 cannot be steered into fusing the two loops. This kernel runs the same computation one row at a
 time: the row's sums, its per-row step, then its gradient while the row is still in the core's
 cache, so a forward+backward reads logp, old_logp and the mask from memory once and writes the
-gradient once. It is written with ATen's portable vector types and built by Inductor's own C++
+gradient once; from :data:`STREAM_TOKENS` tokens it writes the gradient with streaming stores,
+which skip reading its lines into the cache first (x86). It is written with ATen's portable vector types and built by Inductor's own C++
 toolchain (the compiler, flags and vector ISA that ``torch.compile`` uses on this machine).
 
 It covers float32 ``logp``/``old_logp``/advantages, a bool or uint8 mask, with or without a dual
@@ -33,6 +34,10 @@ _log = logging.getLogger(__name__)
 
 # Below this many tokens a single thread does the work (an OpenMP team costs a few us to wake).
 _PARALLEL_TOKENS = 1 << 15
+# From this many tokens the gradient is written around the caches (streaming stores): no
+# read-for-ownership of its lines, and the inputs keep the cache. Its reader, the backward of
+# whatever produced logp (in an RL step the LM head's), is dominated by other work.
+STREAM_TOKENS = 1 << 20
 
 _SOURCE = r"""
 #include <torch/csrc/inductor/cpp_prefix.h>
@@ -55,7 +60,8 @@ extern "C" void kernel(
     float* scalars,     // (3,): log_ratio_min, log_ratio_max, kl_sum
     int64_t* totals,    // (4,): num_tokens, num_clipped_low, num_clipped_high, num_clipped_dual
     float* metrics,     // (9,): METRIC_KEYS order
-    const int64_t B, const int64_t T, const int64_t has_dual, const int64_t has_w_row)
+    const int64_t B, const int64_t T, const int64_t has_dual, const int64_t has_w_row,
+    const int64_t stream)
 {
     using Vec = at::vec::Vectorized<float>;
     using VecU8 = at::vec::Vectorized<uint8_t>;
@@ -123,8 +129,22 @@ extern "C" void kernel(
             const int64_t k = std::min<int64_t>(V, T - t);
             const Vec d = Vec::loadu(l + t, k) - Vec::loadu(o + t, k);
             const Vec keep = (load_mask(m + t, k) != zero) & (d >= vlo) & (d <= vhi);
+#if defined(CPU_CAPABILITY_AVX512)
+            if (stream && k == V && (reinterpret_cast<uintptr_t>(gr + t) % 64) == 0) {
+                _mm512_stream_ps(gr + t, Vec::blendv(zero, coef, keep));
+                continue;
+            }
+#elif defined(CPU_CAPABILITY_AVX2)
+            if (stream && k == V && (reinterpret_cast<uintptr_t>(gr + t) % 32) == 0) {
+                _mm256_stream_ps(gr + t, Vec::blendv(zero, coef, keep));
+                continue;
+            }
+#endif
             Vec::blendv(zero, coef, keep).store(gr + t, k);
         }
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+        if (stream) _mm_sfence();  // this thread's streaming stores, ordered before what follows
+#endif
         per_seq[i] = policy;
         policy_out[i] = policy;
         log_coef[i] = lc;
@@ -187,7 +207,7 @@ _ARGTYPES = [
     "const float*", "const float*", "const uint8_t*", "const float*", "const float*",
     "const float*", "float*", "float*", "float*", "float*", "float*", "float*", "bool*",
     "float*", "int64_t*", "float*",
-    "const int64_t", "const int64_t", "const int64_t", "const int64_t",
+    "const int64_t", "const int64_t", "const int64_t", "const int64_t", "const int64_t",
 ]  # fmt: skip
 
 
@@ -242,7 +262,7 @@ class OnePass:
             logp.contiguous(), old_logp.contiguous(), mask.contiguous(), adv.contiguous(),
             params if w_row is None else w_row.contiguous(), params,
             grad, loss, per_seq, log_coef, rows, extrema, nonempty, scalars, totals, metrics,
-            b, t, int(dual), int(w_row is not None),
+            b, t, int(dual), int(w_row is not None), int(b * t >= STREAM_TOKENS),
         )  # fmt: skip
         policy, n, row_low, row_high = rows[:4]
         lr_min, lr_max, kl_sum = scalars

@@ -192,3 +192,16 @@ def test_onepass_row_extremes_skip_empty_rows(kernels: fused.Kernels) -> None:
     out, grad, ref, ref_grad = _run(x, kernels, dual=False, w_row=None)
     assert 0 < float(ref.metrics["clip_ratio/low_min"]) < 1
     _assert_equal_outputs(out, grad, ref, ref_grad)
+
+
+@pytest.mark.parametrize("b,t", [(3, 16), (7, 17), (4, 129), (9, 4099)])
+def test_onepass_streaming_stores_equal_eager(
+    kernels: fused.Kernels, monkeypatch: pytest.MonkeyPatch, b: int, t: int
+) -> None:
+    """Large gradients are written with streaming stores (aligned full vectors; the rest with
+    plain ones): forced here at small sizes, rows aligned or not."""
+    from gmpo_core import _onepass
+
+    monkeypatch.setattr(_onepass, "STREAM_TOKENS", 0)
+    x = _case(b, t, seed=b + t)
+    _assert_equal_outputs(*_run(x, kernels, dual=True, w_row=torch.rand(b) + 0.5))
