@@ -264,9 +264,9 @@ class OnePass:
             grad, loss, per_seq, log_coef, rows, extrema, nonempty, scalars, totals, metrics,
             b, t, int(dual), int(w_row is not None), int(b * t >= STREAM_TOKENS),
         )  # fmt: skip
-        policy, n, row_low, row_high = rows[:4]
-        lr_min, lr_max, kl_sum = scalars
-        num, low, high, num_dual = totals
+        policy, n, row_low, row_high, *_ = rows.unbind()
+        lr_min, lr_max, kl_sum = scalars.unbind()
+        num, low, high, num_dual = totals.unbind()
         stats = (num, low, high, num_dual if dual else None, row_low, row_high, nonempty)
         return (loss, per_seq, log_coef, policy, n, *stats, lr_min, lr_max, kl_sum, metrics, grad)
 
