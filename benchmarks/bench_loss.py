@@ -16,7 +16,12 @@ Rows, on the same inputs in the same process:
   when verl is importable; otherwise the row reads "not installed".
 
 Time is the median of repeated forward+backward calls, after warmup calls (so compilation is
-excluded; the first call's time is recorded separately). The bandwidth bound is
+excluded; the first call's time is recorded separately). By default (``--timing rotating``) each
+implementation cycles through several input sets, 128 MiB together from 2^20 tokens up, so that
+its inputs come from memory, as the bound assumes, while its own code and Python objects stay
+warm; ``--timing interleaved`` times every call on one input set right after another
+implementation's call, which leaves the caches cold for code and data alike. The bandwidth
+bound is
 ``13 * B * T bytes / copy bandwidth``: a forward+backward must read ``logp`` and ``old_logp``
 (4 + 4 bytes), the mask (1 byte) and write the gradient (4 bytes) per token; the copy bandwidth
 is measured in the same run with a 256 MiB copy, read + write bytes counted, at the start, before
@@ -61,6 +66,7 @@ from _common import (
     loadavg,
     proc_status_kib,
     reset_peak_rss,
+    steady_malloc,
 )
 from torch import Tensor
 
@@ -73,6 +79,10 @@ COPY_MIB = 256  # large enough not to run from the last-level cache
 DEFAULT_SHAPES = ((2, 16), (8, 256), (32, 1024), (64, 2048), (128, 4096), (256, 4096), (512, 8192))
 QUICK_SHAPES = ((8, 256), (32, 1024))
 LARGE_TOKENS = 1 << 21  # shapes with more tokens than this get --repeats-large repeats
+# --timing rotating: input sets cycled through, together this many bytes (4x a 32 MiB last-level
+# cache), at most this many sets (small shapes stay in the caches whatever one does)
+ROTATE_BYTES = 128 * 2**20
+ROTATE_SETS_MAX = 8
 CHILD_ENV = MALLOC_ENV  # see _common.MEMORY_RESOLUTION_BYTES
 
 IMPLS = ("gmpo-compiled", "gmpo-eager", "trl", "verl")
@@ -406,20 +416,40 @@ def timed_call(step: Step, x: Inputs) -> float:
 
 
 def time_steps(
-    steps: Mapping[str, Step], x: Inputs, repeats: int, warmup: int
+    steps: Sequence[Mapping[str, Step]], xs: Sequence[Inputs], repeats: int, warmup: int
 ) -> dict[str, list[float]]:
-    """``warmup`` untimed calls per implementation, then ``repeats`` timed rounds, the
-    implementations interleaved (in a rotating order) so that drift in the machine's load hits
-    them alike. Returns the samples in seconds."""
-    for step in steps.values():
-        for _ in range(warmup):
-            run_once(step, x)
-    samples: dict[str, list[float]] = {key: [] for key in steps}
-    keys = list(steps)
-    for r in range(repeats):
+    """``warmup`` untimed calls per implementation and input set, then timed rounds until each
+    implementation has ``repeats`` samples, the implementations in a rotating order so that
+    drift in the machine's load hits them alike. ``steps[k]`` runs on ``xs[k]``.
+
+    One input set (``--timing interleaved``): each timed call follows another implementation's
+    call. Several (``--timing rotating``): in each round an implementation runs once on every
+    set, in turn, so its inputs were last touched a whole round ago (out of the caches, see
+    :func:`input_sets`) while its own code and Python objects stay warm. Returns the samples in
+    seconds."""
+    for step_set, x in zip(steps, xs, strict=True):
+        for step in step_set.values():
+            for _ in range(warmup):
+                run_once(step, x)
+    samples: dict[str, list[float]] = {key: [] for key in steps[0]}
+    keys = list(steps[0])
+    for r in range(-(-repeats // len(xs))):
         for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
-            samples[key].append(timed_call(steps[key], x))
+            for step_set, x in zip(steps, xs, strict=True):
+                samples[key].append(timed_call(step_set[key], x))
     return samples
+
+
+def input_sets(
+    shape: tuple[int, int], device: torch.device, seed: int, dtype: torch.dtype, timing: str
+) -> list[Inputs]:
+    """The inputs a shape is timed on: one set, or (``rotating``) as many as it takes for their
+    bytes (13 per token) to reach :data:`ROTATE_BYTES`, at most :data:`ROTATE_SETS_MAX`."""
+    count = 1
+    if timing == "rotating":
+        per_set = BYTES_PER_TOKEN * shape[0] * shape[1]
+        count = max(2, min(ROTATE_SETS_MAX, -(-ROTATE_BYTES // per_set)))
+    return [make_inputs(*shape, device, seed + k, dtype) for k in range(count)]
 
 
 def peak_extra_bytes(step: Step, x: Inputs, warmup: int = 1) -> int:
@@ -642,6 +672,15 @@ def render_markdown(
         f"{bw['used']:.1f} GB/s",
         f"- repeats: {meta['repeats']} ({meta['repeats_large']} above {LARGE_TOKENS} tokens), "
         f"after {meta['warmup']} warmup calls each (compilation excluded)",
+        f"- allocator (timing process): {meta.get('malloc', 'glibc defaults')}",
+        f"- timing: {meta.get('timing', 'interleaved')} ("
+        + (
+            "each implementation cycles through input sets that together exceed the caches: "
+            "inputs come from memory, its code stays warm"
+            if meta.get("timing") == "rotating"
+            else "one input set, each call after another implementation's: everything cold"
+        )
+        + ")",
     ]
     if overhead := _overhead_line(records):
         info.append(overhead)
@@ -748,6 +787,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--warmup", type=int, default=3, help="untimed calls first (compilation happens here)"
     )
+    p.add_argument(
+        "--timing",
+        default="rotating",
+        choices=("rotating", "interleaved"),
+        help="rotating: each implementation cycles through input sets that together exceed the "
+        "caches (inputs come from memory, code stays warm); interleaved: one input set, each "
+        "call after another implementation's (everything cold)",
+    )
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     p.add_argument(
         "--memory-jobs",
@@ -805,6 +852,7 @@ def collect_meta(args: argparse.Namespace, device: torch.device, command: str) -
         "repeats": args.repeats,
         "repeats_large": args.repeats_large,
         "warmup": args.warmup,
+        "timing": args.timing,
         "seed": args.seed,
         "epsilon": EPSILON,
         "memory_method": (
@@ -844,7 +892,8 @@ def run_timings(
             bandwidths.append(copy_bandwidth(device))
         tokens = shape[0] * shape[1]
         repeats = args.repeats if tokens <= LARGE_TOKENS else args.repeats_large
-        x = make_inputs(*shape, device, args.seed, getattr(torch, args.dtype))
+        xs = input_sets(shape, device, args.seed, getattr(torch, args.dtype), args.timing)
+        x = xs[0]
         shape_rows = {
             i.key: Row(i, shape, i.status, memory_status="not measured" if i.make else i.status)
             for i in impls
@@ -860,7 +909,11 @@ def run_timings(
                 print(f"{key} {shape[0]}x{shape[1]}: {msg}", flush=True)
                 del steps[key]
         checks = check_against(steps, x, "trl")
-        samples = time_steps(steps, x, repeats, args.warmup)
+        step_sets = [steps] + [
+            {i.key: i.make(other) for i in impls if i.make is not None and i.key in steps}
+            for other in xs[1:]
+        ]
+        samples = time_steps(step_sets, xs, repeats, args.warmup)
         timings = {key: Timing(samples[key], first[key]) for key in samples}
         for key, timing in timings.items():
             shape_rows[key].timing = timing
@@ -879,7 +932,7 @@ def run_timings(
             if c["loss_rel_diff"] > 1e-4 or c["grad_max_diff_rel"] > 1e-4:
                 print(f"  WARNING: {key} disagrees with the TRL transcription: {c}", flush=True)
         rows += shape_rows.values()
-        del x, steps
+        del x, xs, steps, step_sets
     return rows
 
 
@@ -945,8 +998,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     device = torch.device(args.device)
     t_start = time.perf_counter()
+    malloc = steady_malloc()  # before the inputs exist; see _common.STEADY_MALLOC
     command = command_line(__file__, sys.argv[1:] if argv is None else argv)
     meta = collect_meta(args, device, command)
+    meta["malloc"] = malloc if malloc is not None else "glibc defaults (mallopt unavailable)"
     print(
         f"torch {meta['torch']}, device {device.type} ({meta['device_name']}), "
         f"{meta['torch_threads']} torch threads, load average {meta['loadavg_start']}",
