@@ -124,6 +124,27 @@ M = [
         'grad_loss.device.type == "cpu"',
         "tests/test_compile.py -k 'written_by_the_forward'",
     ),
+    (
+        "one-pass kernel: value on a bound counted as clipped",
+        "gmpo_core/_onepass.py",
+        "below += r.lt(vlo);",
+        "below += r.le(vlo);",
+        "tests/test_onepass.py",
+    ),
+    (
+        "one-pass kernel: gradient not divided by the row's token count",
+        "gmpo_core/_onepass.py",
+        "const Vec coef((g * policy) / nf);",
+        "const Vec coef(g * policy);",
+        "tests/test_properties.py -k 'matches_reference_float32 and compiled'",
+    ),
+    (
+        "one-pass kernel: a NaN log-ratio does not reach the row's minimum",
+        "gmpo_core/_onepass.py",
+        "extrema[i] = has_nan ? nan : ",
+        "extrema[i] = ",
+        "tests/test_onepass.py",
+    ),
 ]
 only = sys.argv[1:]
 for i, (name, path, old, new, tests) in enumerate(M):
