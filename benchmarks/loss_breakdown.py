@@ -17,7 +17,8 @@ Rows (median ms of forward+backward unless said otherwise):
 * ``full``: ``gmpo_loss(impl="compiled")``, ``out.metrics`` built, ``loss.backward()``, as in
   ``bench_loss.py``;
 * ``forward kernel``: the kernel the compiled path runs here (the one-pass kernel in float32),
-  called directly; it also writes the gradient;
+  called directly; it also writes the gradient. Beside it, ``one-pass kernel, no streaming
+  stores`` and ``Inductor's forward kernel`` (what would run without the one-pass kernel);
 * ``bare``: a minimal autograd function around the same kernel call (no input validation, no
   statistics or metrics, one output) and its backward, which hands on the kernel's gradient:
   what remains of the Python and autograd cost when everything optional is gone;
@@ -42,21 +43,35 @@ from _common import steady_malloc
 from bench_loss import EPSILON, input_sets, load_impls, parse_shapes, timed_call
 from torch import Tensor
 
-from gmpo_core import _checks, fused, gmpo_loss
+from gmpo_core import _checks, _onepass, fused, gmpo_loss
 from gmpo_core.ops import METRIC_KEYS, metrics_dict
 
 
-def _kernel_call(x: Any) -> Callable[[], tuple[Tensor | None, ...]]:
-    """The forward kernel ``gmpo_loss`` runs on these inputs, with the arguments it would give."""
+def _kernel_calls(x: Any) -> dict[str, Callable[[], Any]]:
+    """The forward kernel ``gmpo_loss`` runs on these inputs (with the arguments it would give)
+    and, where that is the one-pass kernel, the alternatives: without streaming stores, and
+    Inductor's compiled forward."""
     kernels = fused.default_kernels()
     params = fused._params(EPSILON, EPSILON, None, 0.0, torch.float32, x.logp.device)
     mask = x.mask.view(torch.uint8)
     logp = x.logp.detach()
     args = (logp, x.old_logp, x.advantages, mask, None, None, None, params, False, True)
     onepass = kernels.onepass
-    if onepass is not None and onepass.applies(args):
-        return lambda: onepass(*args)  # type: ignore[return-value]
-    return lambda: kernels.forward(*args)
+    if onepass is None or not onepass.applies(args):
+        return {"forward kernel": lambda: kernels.forward(*args)}
+
+    def plain_stores() -> Any:
+        saved, _onepass.STREAM_TOKENS = _onepass.STREAM_TOKENS, 1 << 62
+        try:
+            return onepass(*args)
+        finally:
+            _onepass.STREAM_TOKENS = saved
+
+    return {
+        "forward kernel": lambda: onepass(*args),
+        "one-pass kernel, no streaming stores": plain_stores,
+        "Inductor's forward kernel": lambda: kernels.forward(*args),
+    }
 
 
 class _Empty(torch.autograd.Function):
@@ -105,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     metric_vector = torch.zeros(len(METRIC_KEYS))
 
     def pieces(x: Any) -> dict[str, Callable[[], Tensor]]:
-        kernel = _kernel_call(x)
+        kernel = _kernel_calls(x)["forward kernel"]
 
         def full() -> Tensor:
             out = gmpo_loss(
@@ -135,13 +150,15 @@ def main(argv: list[str] | None = None) -> int:
             "empty autograd function": lambda: _Empty.apply(x.logp),  # type: ignore[no-untyped-call]
         }
 
-    sets = [(x, pieces(x), _kernel_call(x)) for x in xs]
-    for x, steps, _ in sets:
+    sets = [(x, pieces(x), _kernel_calls(x)) for x in xs]
+    for x, steps, kernels in sets:
         for step in (*steps.values(), sweep):
             for _ in range(3):  # compile, warm up
                 x.logp.grad = None
                 step().backward()
-    samples: dict[str, list[float]] = {k: [] for k in [*sets[0][1], "forward kernel"]}
+        for kernel in kernels.values():
+            kernel()
+    samples: dict[str, list[float]] = {k: [] for k in [*sets[0][1], *sets[0][2]]}
     before = (lambda: timed_call(sweep, xs[0])) if args.timing == "interleaved" else None
     for _ in range(-(-repeats // len(sets))):
         for key in sets[0][1]:
@@ -149,13 +166,14 @@ def main(argv: list[str] | None = None) -> int:
                 if before is not None:
                     before()
                 samples[key].append(timed_call(steps[key], x))
-        for _x, _, kernel in sets:
-            if before is not None:
-                before()
-            t0 = time.perf_counter()
-            out = kernel()
-            samples["forward kernel"].append(time.perf_counter() - t0)
-            del out
+        for key in sets[0][2]:
+            for _x, _, kernels in sets:
+                if before is not None:
+                    before()
+                t0 = time.perf_counter()
+                out = kernels[key]()
+                samples[key].append(time.perf_counter() - t0)
+                del out
     condition = (
         "a TRL-transcription call before each"
         if args.timing == "interleaved"
