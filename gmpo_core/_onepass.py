@@ -7,8 +7,9 @@ cannot be steered into fusing the two loops. This kernel runs the same computati
 time: the row's sums, its per-row step, then its gradient while the row is still in the core's
 cache, so a forward+backward reads logp, old_logp and the mask from memory once and writes the
 gradient once; from :data:`STREAM_TOKENS` tokens it writes the gradient with streaming stores,
-which skip reading its lines into the cache first (x86). It is written with ATen's portable vector types and built by Inductor's own C++
-toolchain (the compiler, flags and vector ISA that ``torch.compile`` uses on this machine).
+which skip reading its lines into the cache first (x86). It is written with ATen's portable
+vector types and built by Inductor's own C++ toolchain (the compiler, flags and vector ISA that
+``torch.compile`` uses on this machine).
 
 It covers float32 ``logp``/``old_logp``/advantages, a bool or uint8 mask, with or without a dual
 clip and per-row weights, where the forward also writes the gradient (``speculate``): what
