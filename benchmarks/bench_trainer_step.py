@@ -407,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--train-repeats", type=int, default=2, help="timed train steps after a warmup (0: none)"
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads in the children")
-    p.add_argument("--gmpo-impl", default="eager", help="GMPOConfig.gmpo_impl, both variants")
+    p.add_argument("--gmpo-impl", default="plain", help="GMPOConfig.gmpo_impl, both variants")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-write", action="store_true", help="print only")

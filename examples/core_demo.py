@@ -64,7 +64,7 @@ def reward(prompts: Tensor, completions: Tensor) -> Tensor:
 
 
 def train(steps: int = 60, seed: int = 0, prompts_per_step: int = 16, group: int = 8,
-          iterations: int = 2, lr: float = 1e-2, epsilon: float = 0.4, impl: str = "auto",
+          iterations: int = 2, lr: float = 1e-2, epsilon: float = 0.4, impl: str = "plain",
           log_every: int = 5) -> list[dict[str, float]]:  # fmt: skip
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -104,7 +104,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epsilon", type=float, default=0.4)
     p.add_argument("--iterations", type=int, default=2)
-    p.add_argument("--impl", choices=["auto", "compiled", "eager"], default="auto")
+    p.add_argument("--impl", choices=["plain", "compiled"], default="plain")
     a = p.parse_args()
     h = train(steps=a.steps, seed=a.seed, epsilon=a.epsilon, iterations=a.iterations, impl=a.impl)
     first = sum(r["reward"] for r in h[:5]) / 5

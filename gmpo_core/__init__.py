@@ -9,8 +9,8 @@ LM-head weight in chunks, never holding the (N, V) logits.
 
 from gmpo_core.lm_head import TokenLogProbs, token_logprobs
 from gmpo_core.loss import GMPOOutput, gmpo_loss
+from gmpo_core.metrics import ClipStats
 from gmpo_core.ops import (
-    ClipStats,
     clip_log_ratio,
     clip_metrics,
     masked_geometric_mean,

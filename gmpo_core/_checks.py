@@ -12,6 +12,10 @@ from numbers import Real
 import torch
 from torch import Tensor
 
+from gmpo_core._math import Hyper
+
+IMPLS = ("plain", "compiled")
+
 
 def _fmt(t: Tensor) -> str:
     return f"shape {tuple(t.shape)} and dtype {t.dtype}"
@@ -34,6 +38,27 @@ def check_hyperparameters(
     return eps_low, eps_high, log_dual
 
 
+def hyper(
+    epsilon: float,
+    epsilon_high: float | None,
+    dual_clip: float | None,
+    beta: float,
+    ref_logp: Tensor | None,
+) -> Hyper:
+    """Validate the hyper-parameters of :func:`gmpo_core.gmpo_loss`."""
+    eps_low, eps_high, log_dual = check_hyperparameters(epsilon, epsilon_high, dual_clip)
+    return Hyper(eps_low, eps_high, log_dual, check_beta(beta, ref_logp))
+
+
+def check_impl(impl: str) -> str:
+    if impl not in IMPLS:
+        raise ValueError(
+            f"impl must be 'plain' (the default) or 'compiled', got {impl!r} (0.1's 'eager' is "
+            "now 'plain'; its 'auto' is gone: the default path is plain PyTorch)"
+        )
+    return impl
+
+
 def check_beta(beta: float, ref_logp: Tensor | None) -> float:
     if not _is_real(beta) or not 0 <= beta < math.inf:
         raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
@@ -44,8 +69,8 @@ def check_beta(beta: float, ref_logp: Tensor | None) -> float:
 
 def check_log_ratio_inputs(log_ratio: Tensor, advantages: Tensor, name: str = "log_ratio") -> None:
     """Shapes and dtypes of a per-token (B, T) or per-row (B,) log-ratio and its advantages."""
-    _floating(name, log_ratio)
-    _real("advantages", advantages)
+    floating(name, log_ratio)
+    real("advantages", advantages)
     if advantages.dim() != 1 or log_ratio.dim() == 0 or advantages.shape[0] != log_ratio.shape[0]:
         raise ValueError(
             f"advantages must have shape (B,) with B = {name}.shape[0]; got advantages with "
@@ -75,19 +100,21 @@ def check_gmpo_inputs(
     is_weights: Tensor | None,
 ) -> Tensor:
     """Validate the tensors of :func:`gmpo_core.gmpo_loss`; return the mask."""
-    _floating("logp", logp)
+    floating("logp", logp)
     if logp.dim() != 2:
         raise ValueError(f"logp must have shape (B, T), got {_fmt(logp)}")
     for name, t in (("old_logp", old_logp), ("ref_logp", ref_logp)):
         if t is not None:
-            _floating(name, t)
+            floating(name, t)
             if t.shape != logp.shape:
                 raise ValueError(
                     f"{name} must have the shape of logp {tuple(logp.shape)}, got {tuple(t.shape)}"
                 )
     check_log_ratio_inputs(logp, advantages, name="logp")
+    named = {"old_logp": old_logp, "advantages": advantages, "mask": mask, "ref_logp": ref_logp}
+    check_devices("logp", logp, {**named, "is_weights": is_weights})
     if is_weights is not None:
-        _floating("is_weights", is_weights)
+        floating("is_weights", is_weights)
         rows, cols = logp.shape
         if tuple(is_weights.shape) not in ((rows,), (rows, 1), (rows, cols)):
             raise ValueError(
@@ -97,9 +124,20 @@ def check_gmpo_inputs(
     return check_mask(mask, logp, "logp")
 
 
+def check_devices(name: str, first: Tensor, others: dict[str, Tensor | None]) -> None:
+    """Every tensor on the device of ``first`` (a mismatch would reach a kernel otherwise)."""
+    for other, t in others.items():
+        if isinstance(t, Tensor) and t.device != first.device:
+            raise ValueError(
+                f"{other} is on device {t.device} but {name} is on {first.device}: every tensor "
+                "of the loss must be on one device"
+            )
+
+
 def check_values(
     logp: Tensor,
     old_logp: Tensor | None,
+    advantages: Tensor,
     mask: Tensor,
     ref_logp: Tensor | None,
     is_weights: Tensor | None,
@@ -107,6 +145,8 @@ def check_values(
     """Opt-in value checks (they synchronize with the device)."""
     if not bool(((mask == 0) | (mask == 1)).all()):
         raise ValueError("mask must hold only 0 and 1 (or False and True)")
+    if not bool(advantages.isfinite().all()):
+        raise ValueError("advantages must be finite (NaN or inf found)")
     valid = mask != 0
     for name, t in (("logp", logp), ("old_logp", old_logp), ("ref_logp", ref_logp)):
         if t is not None and not bool(torch.where(valid, t.isfinite(), True).all()):
@@ -133,14 +173,14 @@ def _positive_finite(name: str, x: object) -> float:
     return float(x)  # type: ignore[arg-type]
 
 
-def _floating(name: str, t: object) -> None:
+def floating(name: str, t: object) -> None:
     if not isinstance(t, Tensor):
         raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
     if not t.dtype.is_floating_point:
         raise ValueError(f"{name} must be a real floating tensor, got dtype {t.dtype}")
 
 
-def _real(name: str, t: object) -> None:
+def real(name: str, t: object) -> None:
     if not isinstance(t, Tensor):
         raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
     if t.dtype.is_complex or t.dtype == torch.bool:

@@ -150,6 +150,11 @@ def _backward_gemms(
             grad_w[v0:v1].addmm_(gz.t(), h)
 
 
+# Below this log-probability exp() is exactly 0 in float32 and float64: clamping to it changes no
+# probability, and keeps p·log p (and its gradient) at 0 where a logit is −inf.
+_LOG_ZERO = -1e4
+
+
 class _ChunkedTokenLogProbs(torch.autograd.Function):
     """The autograd node of :func:`token_logprobs` (inputs already flattened and validated)."""
 
@@ -192,7 +197,8 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
                     torch.exp(blk, out=sc)
                     torch.sum(sc, dim=1, out=sum_exp[r0:r1])
                     if dot is not None:  # Σ exp(z − max)·(z − max): multiply in place, then sum
-                        torch.sum(sc.mul_(blk), dim=1, out=dot[r0:r1])
+                        # (a -inf logit, say a masked vocabulary entry, adds 0, not 0·(−inf))
+                        torch.sum(sc.mul_(blk.clamp_(min=_LOG_ZERO)), dim=1, out=dot[r0:r1])
         log_sum = torch.log(sum_exp)
         logps = target_z - log_sum  # (N,)
         lse = row_max + log_sum  # (N,)
@@ -244,6 +250,7 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
                     blk.sub_(lse[r0:r1].unsqueeze(1))  # log p
                     if neg_ge is not None and scratch is not None and neg_c is not None:
                         sc = scratch[: r1 - r0]
+                        blk.clamp_(min=_LOG_ZERO)  # p = 0 stays 0 below, and no 0·inf
                         torch.exp(blk, out=sc)  # p
                         blk.mul_(neg_ge[r0:r1].unsqueeze(1)).add_(neg_c[r0:r1].unsqueeze(1))
                         blk.mul_(sc)

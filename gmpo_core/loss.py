@@ -1,31 +1,21 @@
-"""``gmpo_loss``: the GMPO objective composed from the building blocks in :mod:`gmpo_core.ops`."""
+"""``gmpo_loss``: the GMPO objective (arXiv 2507.20673, Eq. 4), on the plain or the compiled path.
+
+Both paths run the same math (:mod:`gmpo_core._math`); docs/semantics.md states every rule.
+"""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-from gmpo_core import _checks
-from gmpo_core.ops import (
-    Bound,
-    ClipStats,
-    ClipStatsTuple,
-    _clip_stats,
-    _count,
-    _k3,
-    _masked_mean,
-    _trust_region,
-    _valid,
-    metric_vector,
-    metrics_dict,
-)
+from gmpo_core import _checks, _math, compiled
+from gmpo_core.metrics import ClipStats
 
-Impl = Literal["auto", "compiled", "eager"]
+Impl = Literal["plain", "compiled"]
 
 
 @dataclass(frozen=True)
@@ -34,7 +24,7 @@ class GMPOOutput:
 
     Shape:
         loss: (), float32 (float64 for float64 inputs). per_sequence_loss: (B,). log_coef: (B,).
-        stats: per-call sums and extrema (see :class:`ClipStats`). kl_sum: () or None.
+        stats: counts and extrema (see :class:`gmpo_core.metrics.ClipStats`). kl_sum: () or None.
     """
 
     loss: Tensor
@@ -42,93 +32,12 @@ class GMPOOutput:
     log_coef: Tensor
     stats: ClipStats
     kl_sum: Tensor | None  # sum of the k3 estimator over valid tokens; None when beta == 0
-    metric_vector: Tensor | None = None  # (9,) in METRIC_KEYS order, when the path computed it
 
-    @functools.cached_property
+    @property
     def metrics(self) -> Mapping[str, Tensor]:
-        """Local metrics of DESIGN §6 as 0-d detached tensors (computed on first access)."""
-        vector = self.metric_vector
-        if vector is None:
-            vector = metric_vector(self.stats.as_tuple(), self.kl_sum)
-        return metrics_dict(
-            vector, self.stats.num_clipped_dual is not None, self.kl_sum is not None
-        )
-
-
-def _terms(
-    logp: Tensor,
-    old_logp: Tensor,
-    adv: Tensor,
-    valid: Tensor,
-    ref_logp: Tensor | None,
-    w_tok: Tensor | None,
-    w_row: Tensor | None,
-    eps_low: Bound,
-    eps_high: Bound,
-    log_dual: Bound | None,
-    beta: Bound,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
-    """Eq. 4 per row, differentiable in ``logp``; shared by the eager and the fused path.
-
-    Returns ``(per_sequence_loss, log_coef, policy, r, n, kl_rows)`` where ``policy`` is the
-    row's policy term (also its derivative with respect to ``log_coef``), ``r`` the log-ratio
-    (0 at invalid positions), ``n`` the valid-token count and ``kl_rows`` the per-row sum of k3.
-    All inputs are already in the compute dtype.
-    """
-    r = torch.where(valid, logp - old_logp, 0)  # (B, T)
-    c = _trust_region(r, adv, eps_low, eps_high, log_dual)  # (B, T)
-    n = _count(valid, r)  # (B,) float
-    # c is exactly 0 at invalid positions (r is 0 there, and every row's bounds straddle 0), so
-    # the masked mean of c is its plain row sum over n: one mask select less per token
-    log_coef = c.sum(-1) / n.clamp(min=1).to(c.dtype)  # (B,)
-    # A = 0 and empty rows: policy term exactly 0, and no NaN can reach the gradient.
-    active = (adv != 0) & (n > 0)  # (B,)
-    log_w = log_coef if w_tok is None else log_coef + _masked_mean(torch.log(w_tok), valid, n)
-    policy = -adv * torch.exp(torch.where(active, log_w, 0))  # (B,)
-    if w_row is not None:
-        policy = policy * w_row
-    policy = torch.where(active, policy, 0)
-    if ref_logp is None:
-        return policy, log_coef, policy, r, n, None
-    kl_rows = _k3(logp, ref_logp, valid).sum(-1)  # (B,)
-    per_sequence_loss = policy + beta * kl_rows / n.clamp(min=1).to(kl_rows.dtype)
-    return per_sequence_loss, log_coef, policy, r, n, kl_rows
-
-
-def _cast(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
-    return None if t is None else t.to(dtype)
-
-
-def compute(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    ref_logp: Tensor | None,
-    w_tok: Tensor | None,
-    w_row: Tensor | None,
-    eps_low: Bound,
-    eps_high: Bound,
-    log_dual: Bound | None,
-    beta: Bound,
-    dtype: torch.dtype,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, ClipStatsTuple, Tensor | None]:
-    """Everything per row, from the inputs in their own dtypes: both paths call this (the fused
-    one inside its compiled forward kernel). Returns ``(per_sequence_loss, log_coef, policy, n,
-    clip statistics, kl_rows)``; only the first two carry gradients."""
-    adv = advantages.to(dtype)
-    valid = _valid(mask, w_tok)
-    per_seq, log_coef, policy, r, n, kl_rows = _terms(
-        logp.to(dtype), old_logp.to(dtype), adv, valid, _cast(ref_logp, dtype),
-        _cast(w_tok, dtype), _cast(w_row, dtype), eps_low, eps_high, log_dual, beta,
-    )  # fmt: skip
-    stats = _clip_stats(r.detach(), adv, valid, n, eps_low, eps_high, log_dual)
-    return per_seq, log_coef, policy.detach(), n, stats, kl_rows
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float32 for float32/bf16/fp16 inputs (DESIGN §5.8); float64 stays float64."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
+        """The local metrics (docs/semantics.md, "Metrics") as 0-d detached tensors, computed on
+        each access from ``stats`` (a few scalar operations; traceable by ``torch.compile``)."""
+        return self.stats.metrics(self.kl_sum)
 
 
 def gmpo_loss(
@@ -143,7 +52,7 @@ def gmpo_loss(
     ref_logp: Tensor | None = None,
     is_weights: Tensor | None = None,
     dual_clip: float | None = None,
-    impl: Impl = "auto",
+    impl: Impl = "plain",
     check_values: bool = False,
 ) -> GMPOOutput:
     """Geometric-Mean Policy Optimization loss (arXiv 2507.20673, Eq. 4), to minimize.
@@ -153,11 +62,12 @@ def gmpo_loss(
         c_t        = min(r_t, eps_h) if A_i >= 0 else max(r_t, -eps_l)     (trust region, log space)
         log_coef_i = sum_t c_t / max(n_i, 1)                              (log geometric mean)
         loss_i     = -A_i * exp(log_coef_i) * w_i + beta * KL_i           (KL: token-mean k3)
-        loss       = mean_i loss_i
+        loss       = mean_i loss_i                                        (0 when B = 0)
 
     Empty rows and ``A_i = 0`` rows contribute exactly 0 to the policy term and its gradient;
-    values at masked positions never matter. ``old_logp``, ``advantages``, ``ref_logp`` and
-    ``is_weights`` are constants (no gradient flows to them). See DESIGN.md §5 for every rule.
+    values at masked positions never matter. Gradients flow to ``logp`` only: ``old_logp``,
+    ``advantages``, ``ref_logp`` and ``is_weights`` are constants of the loss. docs/semantics.md
+    states every rule.
 
     Args:
         logp: log-probs of the sampled tokens under the current policy.
@@ -172,63 +82,107 @@ def gmpo_loss(
             (B, T) enter as their geometric mean over the row's valid tokens, and a token whose
             weight is 0 is removed from the row. (With T = 1, (B, 1) is read as a row weight.)
         dual_clip: optional cap ``c > 1`` on the ratio of negative-advantage tokens.
-        impl: ``"auto"`` (the fused, compiled path where ``torch.compile`` works, else the fused
-            path run eagerly, with one warning), ``"compiled"`` (the fused, compiled path or an
-            error) or ``"eager"`` (the building blocks under plain autograd). Inside a user's
-            ``torch.compile`` every ``impl`` traces the building blocks into the user's graph.
-        check_values: also check values (mask is 0/1, finite log-probs at valid positions,
-            non-negative weights). This synchronizes with the device.
+        impl: ``"plain"`` (default: plain PyTorch under autograd, no compilation) or
+            ``"compiled"`` (one ``torch.compile``-d forward that also writes the gradient; it
+            compiles on its first call and has no second-order gradient). Inside a user's
+            ``torch.compile`` both trace the plain path into the user's graph.
+        check_values: also check values (mask is 0/1, finite advantages, finite log-probs at
+            valid positions, non-negative weights). This synchronizes with the device.
 
     Shape:
         logp, old_logp, mask, ref_logp: (B, T). advantages: (B,). is_weights: (B,), (B, 1) or
         (B, T). Output: see :class:`GMPOOutput`.
     """
-    eps_low, eps_high, log_dual = _checks.check_hyperparameters(epsilon, epsilon_high, dual_clip)
-    beta = _checks.check_beta(beta, ref_logp)
+    h = _checks.hyper(epsilon, epsilon_high, dual_clip, beta, ref_logp)
     _checks.check_gmpo_inputs(logp, old_logp, advantages, mask, ref_logp, is_weights)
+    _checks.check_impl(impl)
     if check_values:
-        _checks.check_values(logp, old_logp, mask, ref_logp, is_weights)
-    if impl not in ("auto", "compiled", "eager"):
-        raise ValueError(f"impl must be 'auto', 'compiled' or 'eager', got {impl!r}")
+        _checks.check_values(logp, old_logp, advantages, mask, ref_logp, is_weights)
 
-    old = logp.detach() if old_logp is None else old_logp.detach()
-    ref = ref_logp.detach() if beta != 0 and ref_logp is not None else None
     w_tok = w_row = None
     if is_weights is not None:
         if is_weights.dim() == 2 and is_weights.shape[1] > 1:  # (B, T); (B, 1) is a row weight
             w_tok = is_weights.detach()
         else:
             w_row = is_weights.detach().reshape(-1)
+    b = _math.Batch(
+        logp=logp,
+        old_logp=logp.detach() if old_logp is None else old_logp.detach(),
+        adv=advantages.detach(),
+        mask=mask.detach(),
+        ref_logp=ref_logp.detach() if h.beta != 0 and ref_logp is not None else None,
+        w_tok=w_tok,
+        w_row=w_row,
+    )
+    if torch.compiler.is_compiling():  # inside a user's torch.compile: trace the math
+        fw = _math.forward(b, h)
+        return GMPOOutput(fw.loss, fw.per_sequence_loss, fw.log_coef, fw.stats, fw.kl_sum)
+    if impl == "compiled":
+        kernel, h = compiled.kernel(), compiled.hyper_tensors(h, logp)
+        b = b._replace(mask=compiled.fast_mask(b.mask))
+    else:
+        kernel = _math.forward
+    stats_out: list[tuple[ClipStats, Tensor | None]] = []
+    loss, per_seq, log_coef = _GMPO.apply(*b, h, kernel, stats_out)  # type: ignore[no-untyped-call]
+    stats, kl_sum = stats_out[0]
+    return GMPOOutput(loss, per_seq, log_coef, stats, kl_sum)
 
-    if impl == "eager" or torch.compiler.is_compiling():  # the user's compile fuses them
-        return _eager(
-            logp, old, advantages, mask, ref, w_tok, w_row, eps_low, eps_high, log_dual, beta
+
+class _GMPO(torch.autograd.Function):
+    """:func:`gmpo_core._math.forward` with its gradient written out
+    (:func:`gmpo_core._math.logp_grad`): the backward scales saved (B, T) patterns per row. A
+    second-order gradient (``create_graph=True``) differentiates the math itself, recomputed
+    under autograd."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        logp: Tensor,
+        old_logp: Tensor,
+        adv: Tensor,
+        mask: Tensor,
+        ref_logp: Tensor | None,
+        w_tok: Tensor | None,
+        w_row: Tensor | None,
+        h: _math.Hyper,
+        kernel: Callable[[_math.Batch, _math.Hyper], _math.Forward],
+        stats_out: list[tuple[ClipStats, Tensor | None]],
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        fw = kernel(_math.Batch(logp, old_logp, adv, mask, ref_logp, w_tok, w_row), h)
+        stats_out.append((fw.stats, fw.kl_sum))  # statistics leave outside autograd's outputs
+        ctx.save_for_backward(logp, old_logp, adv, mask, ref_logp, w_tok, w_row)
+        ctx.h = h
+        ctx.pieces = fw.grad  # intermediates, never outputs: no reference cycle
+        ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
+        return fw.loss, fw.per_sequence_loss, fw.log_coef
+
+    @staticmethod
+    def backward(
+        ctx: Any, g_loss: Tensor | None, g_ps: Tensor | None, g_lc: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
+        nones = (None,) * 9
+        if torch.is_grad_enabled():  # create_graph=True: a differentiable gradient
+            return (_differentiable_grad(ctx, g_loss, g_ps, g_lc), *nones)
+        pieces = ctx.pieces
+        dt = pieces.n.dtype
+        g = pieces.n.new_zeros(()) if g_loss is None else g_loss.to(dt) / max(len(pieces.n), 1)
+        if g_ps is not None:
+            g = g + g_ps.to(dt)  # (B,) upstream gradient of each per_sequence_loss
+        g_lc = None if g_lc is None else g_lc.to(dt)
+        grad = _math.logp_grad(pieces, g, g_lc, ctx.h.beta)
+        return (grad.to(ctx.saved_tensors[0].dtype), *nones)
+
+
+def _differentiable_grad(
+    ctx: Any, g_loss: Tensor | None, g_ps: Tensor | None, g_lc: Tensor | None
+) -> Tensor:
+    """The gradient with a graph: :func:`gmpo_core._math.forward` recomputed under autograd on
+    the saved inputs (``logp`` keeps its history) and differentiated with ``create_graph``."""
+    inputs = ctx.saved_tensors
+    with torch.enable_grad():
+        fw = _math.forward(_math.Batch(*inputs), ctx.h)
+        pairs = [(o, g) for o, g in zip(fw[:3], (g_loss, g_ps, g_lc), strict=True) if g is not None]
+        (grad,) = torch.autograd.grad(
+            [o for o, _ in pairs], inputs[0], [g for _, g in pairs], create_graph=True
         )
-    from gmpo_core import fused
-
-    return fused.fused_gmpo(
-        logp, old, advantages, mask, ref, w_tok, w_row, eps_low, eps_high, log_dual, beta,
-        strict=impl == "compiled",
-    )  # fmt: skip
-
-
-def _eager(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    ref_logp: Tensor | None,
-    w_tok: Tensor | None,
-    w_row: Tensor | None,
-    eps_low: float,
-    eps_high: float,
-    log_dual: float | None,
-    beta: float,
-) -> GMPOOutput:
-    """The building blocks under plain autograd: the readable path, and the one to debug with."""
-    per_seq, log_coef, _, _, stats, kl_rows = compute(
-        logp, old_logp, advantages, mask, ref_logp, w_tok, w_row,
-        eps_low, eps_high, log_dual, beta, compute_dtype(logp.dtype),
-    )  # fmt: skip
-    kl_sum = None if kl_rows is None else kl_rows.detach().sum()
-    return GMPOOutput(per_seq.mean(), per_seq, log_coef, ClipStats(*stats), kl_sum)
+    return grad  # type: ignore[no-any-return]

@@ -146,7 +146,7 @@ def gmpo_loss(
     per_sequence_loss_i = −A_i · exp(log_coef_i) · w_i + β · KL_i,
     log_coef_i = Σ_t valid·c_t / max(n_i, 1),
     KL_i = Σ_t valid·(expm1(d_t) − d_t) / max(n_i, 1),  d = ref_logp − logp,
-    loss = mean_i per_sequence_loss_i.
+    loss = mean_i per_sequence_loss_i (0 for an empty batch, B = 0).
     The policy term is exactly 0 where A_i = 0 or n_i = 0.
 
     d loss / d logp_t = (1/B)·[−A_i·w_i·exp(log_coef_i)/n_i · u_t + β/n_i·(1 − exp(d_t))]
@@ -247,7 +247,7 @@ def gmpo_loss(
         metrics["clip_ratio/dual_mean"] = num_dual / tokens1
 
     return ReferenceResult(
-        loss=float(np.mean(per_sequence_loss)),
+        loss=float(per_sequence_loss.sum() / max(len(per_sequence_loss), 1)),  # 0 when B = 0
         per_sequence_loss=per_sequence_loss,
         log_coef=log_coef,
         grad_logp=grad,

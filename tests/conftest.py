@@ -35,7 +35,7 @@ for _key, _value in (
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
-@pytest.fixture(params=["eager", "compiled"], scope="session")
+@pytest.fixture(params=["plain", "compiled"], scope="session")
 def impl(request: pytest.FixtureRequest) -> str:
     """Every property runs against both the eager and the fused, compiled path."""
     return str(request.param)

@@ -20,7 +20,7 @@ def demo():  # type: ignore[no-untyped-def]
 
 
 def test_reward_rises_from_under_0_2_to_over_0_8(demo) -> None:  # type: ignore[no-untyped-def]
-    history = demo.train(steps=40, seed=0, impl="eager", log_every=0)
+    history = demo.train(steps=40, seed=0, impl="plain", log_every=0)
     first = sum(r["reward"] for r in history[:5]) / 5
     last = sum(r["reward"] for r in history[-5:]) / 5
     assert first < 0.2, first
@@ -31,7 +31,7 @@ def test_reward_rises_from_under_0_2_to_over_0_8(demo) -> None:  # type: ignore[
 
 def test_epsilon_shapes_the_run(demo) -> None:  # type: ignore[no-untyped-def]
     """A tiny clip range clips more than the paper's exp(±0.4) on the same seed."""
-    wide = demo.train(steps=8, seed=1, impl="eager", log_every=0, epsilon=0.4)
-    tight = demo.train(steps=8, seed=1, impl="eager", log_every=0, epsilon=0.01)
+    wide = demo.train(steps=8, seed=1, impl="plain", log_every=0, epsilon=0.4)
+    tight = demo.train(steps=8, seed=1, impl="plain", log_every=0, epsilon=0.01)
     clipped = lambda h: sum(r["clip_ratio/region_mean"] for r in h)  # noqa: E731
     assert clipped(tight) > clipped(wide)

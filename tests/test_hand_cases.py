@@ -16,7 +16,7 @@ from gmpo_core import (
     trust_region_log_ratio,
 )
 
-pytestmark = pytest.mark.parametrize("impl", ["eager", "compiled"])
+pytestmark = pytest.mark.parametrize("impl", ["plain", "compiled"])
 
 
 def _grad(out_loss: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:

@@ -59,7 +59,7 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("dual_clip inf", {"dual_clip": math.inf}, r"dual_clip must be a finite number > 1"),
     ("is_weights shape", {"is_weights": torch.ones(B, 2)}, r"is_weights must have shape \(B,\), \(B, 1\) or \(B, T\)"),
     ("is_weights integer", {"is_weights": torch.ones(B, dtype=torch.long)}, r"is_weights must be a real floating"),
-    ("impl", {"impl": "fast"}, r"impl must be 'auto', 'compiled' or 'eager', got 'fast'"),
+    ("impl", {"impl": "fast"}, r"impl must be 'plain' \(the default\) or 'compiled', got 'fast'"),
 ]  # fmt: skip
 
 
@@ -72,7 +72,7 @@ def test_bad_input_raises_value_error_naming_the_argument(
 
 
 def test_good_input_passes() -> None:
-    out = gmpo_loss(**good(), impl="eager")
+    out = gmpo_loss(**good(), impl="plain")
     assert out.loss.item() == -1.0  # on-policy, A = 1 everywhere: -mean(A) = -1
 
 
@@ -90,16 +90,16 @@ VALUE_CASES: list[tuple[str, dict[str, Any], str]] = [
 )
 def test_value_checks_are_opt_in(case: str, override: dict[str, Any], message: str) -> None:
     args = {**good(), **override}
-    gmpo_loss(**args, impl="eager")  # off by default: no error, no device synchronization
+    gmpo_loss(**args, impl="plain")  # off by default: no error, no device synchronization
     with pytest.raises(ValueError, match=message):
-        gmpo_loss(**args, impl="eager", check_values=True)
+        gmpo_loss(**args, impl="plain", check_values=True)
 
 
 def test_nan_at_masked_positions_passes_value_checks() -> None:
     args = good()
     args["mask"][:, -1] = False
     args["logp"][:, -1] = math.nan
-    out = gmpo_loss(**args, impl="eager", check_values=True)
+    out = gmpo_loss(**args, impl="plain", check_values=True)
     assert out.loss.item() == -1.0
 
 
@@ -138,5 +138,5 @@ def test_validation_does_not_synchronize_with_the_device() -> None:
     with pytest.raises(ValueError, match="advantages must have shape"):
         _checks.check_gmpo_inputs(meta["logp"], None, meta["logp"], meta["mask"], None, None)
     # and the eager loss itself runs on meta tensors end to end (no .item(), no host sync)
-    out = gmpo_loss(**meta, impl="eager")
+    out = gmpo_loss(**meta, impl="plain")
     assert out.loss.device.type == "meta" and out.loss.shape == ()

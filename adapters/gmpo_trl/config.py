@@ -20,7 +20,7 @@ _OTHER_LOSS_FIELDS = (
     "vespo_k_neg",
     "vespo_lambda_neg",
 )
-_IMPLS = ("auto", "compiled", "eager")
+_IMPLS = ("plain", "compiled")
 
 
 @dataclass
@@ -40,8 +40,8 @@ class GMPOConfig(GRPOConfig):
       recipes in ``docs/recipes.md``.
     - ``use_bias_correction_kl`` defaults to False (GRPOConfig: True); True is refused, and so are
       non-default ``sapo_*`` / ``vespo_*`` values are refused.
-    - ``gmpo_impl``: which ``gmpo_core`` path computes the loss (``"auto"``, ``"compiled"``,
-      ``"eager"``).
+    - ``gmpo_impl``: which ``gmpo_core`` path computes the loss: ``"plain"`` (default) or
+      ``"compiled"`` (opt-in; TRL's ``torch_compile`` does not turn it on).
     """
 
     epsilon: float = field(
@@ -80,10 +80,11 @@ class GMPOConfig(GRPOConfig):
         },
     )
     gmpo_impl: str = field(
-        default="auto",
+        default="plain",
         metadata={
-            "help": "gmpo_core path: 'auto' (fused and compiled where torch.compile works), "
-            "'compiled' or 'eager' (plain autograd; for debugging)."
+            "help": "gmpo_core path: 'plain' (plain PyTorch, no compilation) or 'compiled' "
+            "(torch.compile; compiles on the first step, see docs/api.md for when it pays). "
+            "TRL's torch_compile does not switch it on."
         },
     )
     gmpo_lm_head: bool = field(
@@ -140,5 +141,5 @@ def check_config(args: GRPOConfig) -> None:
         raise ValueError(
             f"delta (GMPO's dual clip) must be a finite ratio cap > 1, got {args.delta!r}"
         )
-    if getattr(args, "gmpo_impl", "auto") not in _IMPLS:
+    if getattr(args, "gmpo_impl", "plain") not in _IMPLS:
         raise ValueError(f"gmpo_impl must be one of {_IMPLS}, got {args.gmpo_impl!r}")

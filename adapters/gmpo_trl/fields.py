@@ -138,7 +138,7 @@ for _name in _IRRELEVANT:
 
 #: fields added by gmpo_trl.GMPOConfig (not in GRPOConfig)
 GMPO_FIELDS: dict[str, str] = {
-    "gmpo_impl": "gmpo_core path: 'auto' (compiled where torch.compile works), 'compiled', 'eager'",
+    "gmpo_impl": "gmpo_core path: 'plain' (default) or 'compiled' (opt-in torch.compile)",
     "gmpo_lm_head": "score tokens with gmpo_core.token_logprobs instead of TRL's chunked head",
 }
 

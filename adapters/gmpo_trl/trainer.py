@@ -21,6 +21,7 @@ from torch import Tensor
 from trl import GRPOConfig, GRPOTrainer
 
 from gmpo_core import gmpo_loss, sequence_kl
+from gmpo_core import metrics as gmpo_metrics
 from gmpo_trl.config import GMPOConfig, check_config
 from gmpo_trl.fields import COMPUTE_LOSS_SHA256
 from gmpo_trl.lm_head import lm_head_swapped
@@ -236,59 +237,38 @@ class GMPOTrainer(GRPOTrainer):
         kl_count: Tensor,
         mode: str,
     ) -> None:
-        """Global metrics from per-process sums, counts and extrema: three collectives, one
-        host sync. Fractions are sums over sums; ``low_min``/``high_max`` are over non-empty
-        rows of all processes; the log-ratio range is the min of mins and max of maxes."""
-        stats = out.stats
-        f32 = torch.float32
-        zero = entropies.new_zeros((), dtype=f32)
-        f64 = torch.float64  # sums of counts: exact far beyond float32's 2^24
-        zero64 = zero.to(f64)
-        sums = torch.stack(
+        """Global metrics from per-process sums and extrema (``gmpo_core.metrics``): two
+        collectives, one host sync. Fractions are sums over sums; the extrema are the min of
+        mins (maxima negated)."""
+        f64 = torch.float64
+        sums = torch.cat(
             [
-                stats.num_tokens.to(f64),
-                stats.num_clipped_low.to(f64),
-                stats.num_clipped_high.to(f64),
-                zero64 if stats.num_clipped_dual is None else stats.num_clipped_dual.to(f64),
-                torch.where(mask, entropies.detach().to(f64), 0).sum(),
-                mask.sum().to(f64),
-                zero64 if kl_sum is None else kl_sum.to(f64),
-                torch.as_tensor(kl_count, device=zero.device).to(f64),
+                gmpo_metrics.sums(out.stats),
+                torch.stack(
+                    [
+                        torch.where(mask, entropies.detach().to(f64), 0).sum(),
+                        mask.sum().to(f64),
+                        kl_sum.detach().to(f64)
+                        if kl_sum is not None
+                        else mask.new_zeros((), dtype=f64),
+                        torch.as_tensor(kl_count, device=mask.device).to(f64),
+                    ]
+                ),
             ]
         )
         sums = self.accelerator.reduce(sums, reduction="sum")
-        nan = float("nan")
-        rows = torch.stack(
-            [
-                torch.where(stats.row_nonempty, stats.row_clip_low.to(f32), nan),
-                torch.where(stats.row_nonempty, stats.row_clip_high.to(f32), nan),
-            ],
-            dim=-1,
-        )  # (B, 2)
-        rows = self.accelerator.gather(rows)
-        extrema = torch.stack([stats.log_ratio_min.to(f32), -stats.log_ratio_max.to(f32)])
-        extrema = self.accelerator.gather(extrema.unsqueeze(0)).amin(0)  # (2,)
-        row_low = torch.where(rows[:, 0].isnan(), float("inf"), rows[:, 0]).amin()
-        row_high = torch.where(rows[:, 1].isnan(), float("-inf"), rows[:, 1]).amax()
-        values = torch.cat([sums, torch.stack([row_low, row_high]), extrema]).tolist()
-        n, low, high, dual, ent, n_ent, kl, n_kl, row_low, row_high, lr_min, neg_lr_max = values
-
-        def ratio(a: float, b: float) -> float:
-            return a / b if b > 0 else nan
-
-        def finite(x: float) -> float:
-            return x if abs(x) != float("inf") else nan
-
-        m = self._metrics[mode]
+        minima = gmpo_metrics.minima(out.stats).float()
+        minima = self.accelerator.gather(minima.unsqueeze(0)).amin(0)  # (4,)
+        dual = out.stats.num_clipped_dual is not None
+        values = gmpo_metrics.metrics(sums[:5], minima, dual)
+        ent, n_ent, kl, n_kl = sums[5:]
+        nan = torch.full_like(ent, float("nan"))
+        values["entropy"] = torch.where(n_ent > 0, ent / n_ent.clamp(min=1), nan)
         if self.beta != 0.0:
-            m["kl"].append(ratio(kl, n_kl))
-        m["entropy"].append(ratio(ent, n_ent))
-        m["clip_ratio/low_mean"].append(ratio(low, n))
-        m["clip_ratio/high_mean"].append(ratio(high, n))
-        m["clip_ratio/region_mean"].append(ratio(low + high, n))
-        m["clip_ratio/low_min"].append(finite(row_low))
-        m["clip_ratio/high_max"].append(finite(row_high))
-        if stats.num_clipped_dual is not None:
-            m["clip_ratio/dual_mean"].append(ratio(dual, n))
-        m["log_ratio/min"].append(finite(lr_min))
-        m["log_ratio/max"].append(finite(-neg_lr_max))
+            values["kl"] = torch.where(n_kl > 0, kl / n_kl.clamp(min=1), nan)
+        host = dict(
+            zip(values, torch.stack([v.to(f64) for v in values.values()]).tolist(), strict=True)
+        )
+        m = self._metrics[mode]
+        for key, value in host.items():
+            m[key].append(value)

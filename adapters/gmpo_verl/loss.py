@@ -41,7 +41,8 @@ logger = logging.getLogger("gmpo_verl")
 #: The ``loss_agg_mode`` values GMPO accepts, and what each means (see the module docstring).
 LOSS_AGG_MODES = ("seq-mean-token-mean", "token-mean")
 #: Environment variable selecting :func:`gmpo_core.gmpo_loss`'s ``impl`` (verl's config classes
-#: reject unknown keys): ``auto`` (default), ``compiled`` or ``eager``.
+#: reject unknown keys): ``plain`` (default) or ``compiled``. verl's own
+#: ``actor.use_torch_compile`` does not turn gmpo's compiled path on.
 IMPL_ENV = "GMPO_VERL_IMPL"
 # relative tolerance above which per-token advantages are said to vary within a row
 _ADV_SPREAD_RTOL = 1e-5
@@ -170,9 +171,9 @@ def _dual_clip(config: Any) -> float:
 
 
 def _impl() -> str:
-    impl = os.environ.get(IMPL_ENV, "auto")
-    if impl not in ("auto", "compiled", "eager"):
-        raise ValueError(f"{IMPL_ENV} must be 'auto', 'compiled' or 'eager', got {impl!r}")
+    impl = os.environ.get(IMPL_ENV, "plain")
+    if impl not in ("plain", "compiled"):
+        raise ValueError(f"{IMPL_ENV} must be 'plain' (the default) or 'compiled', got {impl!r}")
     return impl
 
 
@@ -279,7 +280,14 @@ def _policy_loss(
         loss = per_seq.sum() * batch.scale
     else:  # token-mean: each sequence weighted by its number of response tokens
         loss = (per_seq * n.to(per_seq.dtype)).sum() * batch.scale
-    return loss, _metrics(out, old_log_prob, log_prob, advantages, adv, valid, dual_clip)
+    metrics, local_tokens = _metrics(out, old_log_prob, log_prob, advantages, adv, valid, dual_clip)
+    if mode == "token-mean" and batch.denominator < local_tokens:
+        raise ValueError(
+            f"config.global_batch_info['batch_num_tokens'] = {batch.denominator} is smaller than "
+            f"this micro-batch's own {local_tokens} response tokens: it must count the valid "
+            "tokens of the whole mini-batch over all data-parallel ranks."
+        )
+    return loss, metrics
 
 
 def _metrics(
@@ -290,8 +298,9 @@ def _metrics(
     adv: Tensor,
     valid: Tensor,
     dual_clip: bool,
-) -> dict[str, float]:
-    """verl's names and meanings (DESIGN §6), as floats, with a single device synchronization.
+) -> tuple[dict[str, float], int]:
+    """verl's names and meanings (docs/semantics.md, "Metrics"), as floats, and the micro-batch's
+    number of valid tokens, with a single device synchronization.
 
     ``actor/pg_clipfrac``: fraction of valid tokens with A > 0 and r > eps_high (the clip took
     effect); ``actor/pg_clipfrac_lower``: A < 0 and r < -eps_low; ``actor/ppo_kl``: mean of
@@ -301,7 +310,8 @@ def _metrics(
     """
     m = out.metrics
     r = torch.where(valid, log_prob.detach().float() - old_log_prob.float(), 0)  # (B, T)
-    count = valid.sum().clamp(min=1)
+    tokens = valid.sum()
+    count = tokens.clamp(min=1)
     spread = scale = r.new_zeros(())
     if advantages.dim() == 2 and advantages.numel() > 0:  # the advantages' range within rows
         a = advantages.detach()
@@ -315,6 +325,7 @@ def _metrics(
         torch.nan_to_num(m["log_ratio/max"], nan=0.0),
         spread.float(),
         scale.float(),
+        tokens.float(),
     ]
     if dual_clip:
         values.append(m["clip_ratio/dual_mean"])
@@ -327,7 +338,7 @@ def _metrics(
         "actor/log_ratio_max": host[4],
     }
     if dual_clip:
-        metrics["actor/pg_clipfrac_dual"] = host[7]
+        metrics["actor/pg_clipfrac_dual"] = host[8]
     if not math.isfinite(host[5]) or host[5] > _ADV_SPREAD_RTOL * (1.0 + host[6]):
         _once(
             "advantage-spread",
@@ -336,4 +347,4 @@ def _metrics(
             "a sequence-level estimator (algorithm.adv_estimator=grpo, rloo, ...).",
             host[5],
         )
-    return metrics
+    return metrics, int(host[7])

@@ -30,7 +30,7 @@ def make_trainer(
 ) -> Any:
     """A trainer of ``cls`` on a fresh tiny model (seed 0) with the toy defaults + overrides."""
     if config_cls is GMPOConfig:
-        overrides.setdefault("gmpo_impl", "eager")
+        overrides.setdefault("gmpo_impl", "plain")
     args = config_cls(**toy.toy_args(str(tmp), **overrides))
     model = model if model is not None else toy.tiny_model(TOKENIZER, seed=0)
     if args.beta != 0 and not model.config._name_or_path:

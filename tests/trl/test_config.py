@@ -53,7 +53,7 @@ def test_refusals(tmp_path, kwargs, match):
 
 
 def test_honoured_values_are_accepted(tmp_path):
-    args = config(tmp_path, epsilon=0.2, epsilon_high=0.3, delta=3.0, beta=0.01, gmpo_impl="eager")
+    args = config(tmp_path, epsilon=0.2, epsilon_high=0.3, delta=3.0, beta=0.01, gmpo_impl="plain")
     assert (args.epsilon, args.epsilon_high, args.delta) == (0.2, 0.3, 3.0)
 
 

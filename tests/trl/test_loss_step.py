@@ -41,7 +41,7 @@ def expected_loss(trainer, inputs, mask=None, **kwargs) -> torch.Tensor:
     logps = model_logps(trainer, inputs)
     mask = inputs["completion_mask"].bool() if mask is None else mask
     return gmpo_loss(
-        logps, inputs.get("old_per_token_logps"), inputs["advantages"], mask, impl="eager",
+        logps, inputs.get("old_per_token_logps"), inputs["advantages"], mask, impl="plain",
         **kwargs,
     ).loss  # fmt: skip
 
@@ -206,7 +206,7 @@ def test_off_policy_mask_drops_rows_from_the_policy_term_only(tmp_path):
     assert not keep.all() and keep.any()  # some rows dropped, some kept
     loss, _ = loss_and_grad(ours, inputs)
     policy = gmpo_loss(
-        logps, inputs["old_per_token_logps"], inputs["advantages"], mask & keep, impl="eager"
+        logps, inputs["old_per_token_logps"], inputs["advantages"], mask & keep, impl="plain"
     ).per_sequence_loss
     kl = sequence_kl(logps, inputs["ref_per_token_logps"], mask)
     assert_same(loss, (policy + 0.05 * kl).mean())
@@ -380,7 +380,7 @@ def test_metrics_are_the_cores_statistics(tmp_path):
     mask = inputs["completion_mask"].bool()
     out = gmpo_loss(
         logps, inputs["old_per_token_logps"], inputs["advantages"], mask, dual_clip=2.0,
-        beta=0.05, ref_logp=inputs["ref_per_token_logps"], impl="eager",
+        beta=0.05, ref_logp=inputs["ref_per_token_logps"], impl="plain",
     )  # fmt: skip
     got = last_metrics(ours)
     for key, value in out.metrics.items():
@@ -408,7 +408,7 @@ def test_gmpo_trainer_is_a_grpo_trainer():
 
 
 def test_compiled_path_matches_eager(tmp_path):
-    """gmpo_impl="compiled" (the fused kernel; "auto" picks it where torch.compile works)."""
+    """gmpo_impl="compiled" (the opt-in torch.compile path)."""
     eager = make_trainer(tmp_path)
     compiled = make_trainer(tmp_path, gmpo_impl="compiled")
     inputs = make_inputs(eager, drift=0.5, empty_row=True, zero_advantage=True)

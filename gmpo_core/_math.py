@@ -1,0 +1,246 @@
+"""The GMPO objective as pure functions of two records: the one math layer of :mod:`gmpo_core`.
+
+Every path runs :func:`forward`: the plain path eagerly inside one ``torch.autograd.Function``
+whose backward is :func:`logp_grad` (:mod:`gmpo_core.loss`), the compiled path the same function
+under ``torch.compile`` (:mod:`gmpo_core.compiled`), and a user's ``torch.compile`` traces it under
+autograd. The public building blocks (:mod:`gmpo_core.ops`) call the pieces. docs/semantics.md
+states every rule; its section numbers are cited as S1, S2, ...
+
+Inputs travel as a :class:`Batch` (tensors) and a :class:`Hyper` (validated hyper-parameters:
+Python floats, or 0-d tensors on the compiled path so that new values never recompile). Nothing
+here validates or synchronizes with the device.
+
+On CPU, ATen's kernels that read or write ``bool`` tensors are several times slower than float
+arithmetic, so masks enter arithmetic as 0/1 floats (:func:`as_float`), and ``torch.where`` with
+the mask is used once per input that may hold junk at masked positions (S6).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from gmpo_core.metrics import ClipStats
+
+Bound = float | Tensor
+
+
+class Hyper(NamedTuple):
+    """Validated hyper-parameters."""
+
+    eps_low: Bound  # log-space lower bound: r >= -eps_low where A < 0
+    eps_high: Bound  # log-space upper bound: r <= eps_high where A >= 0
+    log_dual: Bound | None  # log of the dual-clip cap (A < 0 rows); None: no dual clip
+    beta: Bound  # weight of the sequence KL
+
+
+class Batch(NamedTuple):
+    """The loss's tensors, validated; every one but ``logp`` is detached (a constant of the loss).
+
+    Shape:
+        logp, old_logp, mask, ref_logp, w_tok: (B, T). adv, w_row: (B,).
+    """
+
+    logp: Tensor
+    old_logp: Tensor
+    adv: Tensor
+    mask: Tensor  # bool, or 0/1 of any real dtype
+    ref_logp: Tensor | None  # None when beta == 0
+    w_tok: Tensor | None  # per-token rollout weights
+    w_row: Tensor | None  # per-row rollout weights
+
+
+class GradPieces(NamedTuple):
+    """What :func:`logp_grad` needs, detached. Shape: policy, n: (B,). passes, kl_grad: (B, T)."""
+
+    policy: Tensor  # the row's policy term -A exp(log_coef) w: also d policy / d log_coef
+    n: Tensor  # valid tokens per row
+    passes: Tensor  # 1 at valid tokens whose clamp passes the gradient, else 0: d c / d r
+    kl_grad: Tensor | None  # d k3_t / d logp_t = -expm1(ref - logp), 0 at invalid positions
+
+
+class Forward(NamedTuple):
+    """What :func:`forward` returns. ``loss``, ``per_sequence_loss`` and ``log_coef`` are
+    differentiable in ``logp`` when run under autograd; the rest is detached.
+
+    Shape:
+        loss: (). per_sequence_loss, log_coef: (B,).
+    """
+
+    loss: Tensor
+    per_sequence_loss: Tensor
+    log_coef: Tensor
+    stats: ClipStats
+    kl_sum: Tensor | None  # sum of the k3 estimator over valid tokens; None without KL
+    grad: GradPieces
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 stays float64; float32, bf16 and fp16 are computed in float32 (S8)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def valid_tokens(mask: Tensor, w_tok: Tensor | None = None) -> Tensor:
+    """mask != 0, minus the tokens whose rollout weight is exactly 0 (S7). Shape: (B, T) bool."""
+    valid = mask if mask.dtype == torch.bool else mask != 0
+    return valid if w_tok is None else valid & (w_tok != 0)
+
+
+def as_float(valid: Tensor, dtype: torch.dtype) -> Tensor:
+    """A bool tensor as 0/1 floats, through a zero-copy uint8 view (ATen converts uint8 to float
+    ~10x faster than bool on CPU). Shape: unchanged."""
+    return valid.view(torch.uint8).to(dtype)
+
+
+def rows(values: Tensor) -> Tensor:
+    """Per-row values (B,) as a (B, 1) column that broadcasts against (B, T)."""
+    return values.unsqueeze(-1)
+
+
+def sign_space(r: Tensor, adv: Tensor, h: Hyper) -> tuple[Tensor, Tensor, Tensor]:
+    """The trust region (S1) in sign space, ``q = sign(A) r``, where every row's region is the
+    upper bound ``q <= eps`` (eps_high where A >= 0, eps_low where A < 0), and under a dual clip
+    also ``q >= -log dual_clip`` where A < 0. A clamp with tensor bounds of one side runs at the
+    speed of a copy in ATen, and passes the gradient (1) on the bound.
+
+    Returns ``(sign, q, clipped q)``. Shape: r (B, T) or (B,), adv (B,) -> sign (B,), q and
+    clipped q of r's shape.
+    """
+    pos = adv >= 0
+    one = torch.ones_like(adv)
+    sgn = torch.where(pos, one, -one)  # (B,)
+    eps = torch.where(pos, one * h.eps_high, one * h.eps_low)  # (B,)
+    col = rows if r.dim() == 2 else (lambda x: x)
+    q = r * col(sgn)
+    cq = q.clamp(max=col(eps))
+    if h.log_dual is not None:
+        cq = cq.clamp(min=col(torch.where(pos, -math.inf, one * -h.log_dual)))
+    return sgn, q, cq
+
+
+def trust_region(r: Tensor, adv: Tensor, h: Hyper) -> Tensor:
+    """The clipped log-ratio c (S1): ``min(r, eps_high)`` where A >= 0, ``max(r, -eps_low)``
+    (and ``min(., log dual_clip)``) where A < 0. Shape: r (B, T) or (B,), adv (B,) -> r's."""
+    sgn, _, cq = sign_space(r, adv, h)
+    return cq * (rows(sgn) if r.dim() == 2 else sgn)
+
+
+def masked_mean(x: Tensor, valid: Tensor, n: Tensor) -> Tensor:
+    """Row sums of ``x`` over valid positions divided by max(n, 1) (S2). Values at invalid
+    positions never matter. Shape: (B, T), (B, T), (B,) -> (B,)."""
+    return torch.where(valid, x, 0).sum(-1) / n.clamp(min=1)
+
+
+def k3(logp: Tensor, ref_logp: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    """The k3 estimator of KL(pi || pi_ref) per token, ``expm1(d) - d`` with d = ref - logp
+    (S3): never negative, exactly 0 at invalid positions; and ``expm1(d)`` (its gradient with
+    respect to ``logp`` is ``-expm1(d)``). Shape: (B, T) -> (B, T), (B, T)."""
+    d = torch.where(valid, ref_logp - logp, 0)
+    em1 = torch.expm1(d)
+    return em1 - d, em1
+
+
+def forward(b: Batch, h: Hyper) -> Forward:
+    """Eq. 4 of the paper per row (S1-S8), its statistics (S10), and the pieces of its gradient.
+    ``b`` holds the inputs in their own dtypes; everything is computed in :func:`compute_dtype`
+    of ``logp``'s."""
+    dt = compute_dtype(b.logp.dtype)
+    logp, adv = b.logp.to(dt), b.adv.to(dt)
+    valid = valid_tokens(b.mask, b.w_tok)  # (B, T) bool
+    mf = as_float(valid, dt)  # (B, T) 0/1
+    r = torch.where(valid, logp - b.old_logp.to(dt), 0)  # (B, T), exactly 0 at invalid positions
+    sgn, q, cq = sign_space(r, adv, h)  # (B,), (B, T), (B, T): cq is 0 where r is
+    n = mf.sum(-1)  # (B,)
+    nf = n.clamp(min=1)
+    log_coef = sgn * cq.sum(-1) / nf  # (B,) the log geometric mean of the clipped ratios (S2)
+    active = (adv != 0) & (n > 0)  # (B,) empty and A = 0 rows: policy term exactly 0 (S4, S5)
+    log_w = log_coef
+    if b.w_tok is not None:  # per-token weights enter as their geometric mean (S7)
+        log_w = log_coef + masked_mean(torch.log(b.w_tok.to(dt)), valid, n)
+    policy = -adv * torch.exp(torch.where(active, log_w, 0))  # (B,)
+    if b.w_row is not None:
+        policy = policy * b.w_row.to(dt)
+    policy = torch.where(active, policy, 0)
+    per_seq, kl_sum, kl_grad = policy, None, None
+    if b.ref_logp is not None:  # the k3 estimator expm1(d) - d, d = ref - logp (S3)
+        k, em1 = k3(logp, b.ref_logp.to(dt), valid)  # (B, T) each
+        kl_rows = k.sum(-1)  # (B,)
+        per_seq = policy + h.beta * kl_rows / nf
+        kl_sum, kl_grad = kl_rows.detach().sum(), -em1.detach()
+    # s = -1 where the clamp cut q at eps, +1 at the dual cap, 0 elsewhere (invalid tokens too)
+    s = torch.sign(cq.detach() - q.detach())  # (B, T)
+    a = s.abs()
+    passes = mf - a  # (B, T)
+    stats = clip_stats(r.detach(), mf, a.sum(-1), s.sum(-1), adv, n)
+    if h.log_dual is None:
+        stats = stats._replace(num_clipped_dual=None)
+    loss = per_seq.sum() / max(per_seq.shape[0], 1)  # mean over rows; 0 when B = 0 (S4)
+    pieces = GradPieces(policy.detach(), n, passes, kl_grad)
+    return Forward(loss, per_seq, log_coef, stats, kl_sum, pieces)
+
+
+def clip_stats(
+    r: Tensor, mf: Tensor, cut_rows: Tensor, signed_rows: Tensor, adv: Tensor, n: Tensor
+) -> ClipStats:
+    """Counts and extrema over valid tokens (S10), from the log-ratio ``r`` (0 at invalid
+    positions), the valid tokens as 0/1 floats, and per row the number of tokens the trust
+    region cut (``sum |s|``) and ``sum s``, with s = -1 where it cut at eps and +1 at the dual
+    cap (see :func:`sign_space`).
+
+    Shape: r, mf (B, T); cut_rows, signed_rows, adv, n (B,).
+    """
+    at_eps = (cut_rows - signed_rows) / 2  # (B,)
+    at_cap = (cut_rows + signed_rows) / 2  # (B,) A < 0 rows only
+    low = torch.where(adv < 0, at_eps, 0)
+    high = torch.where(adv > 0, at_eps, 0)
+    nonempty = n > 0
+    nf = n.clamp(min=1)
+    # r's range over valid tokens: invalid ones are pushed out of reach by the largest float
+    big = torch.finfo(r.dtype).max
+    far = torch.addcmul(r.new_full((), big), mf, r.new_full((), -big))  # (B, T) 0 at valid
+    return ClipStats(
+        num_tokens=total(n),
+        num_clipped_low=total(low),
+        num_clipped_high=total(high),
+        num_clipped_dual=total(at_cap),
+        log_ratio_min=unreached(extreme(r + far, "min"), big),
+        log_ratio_max=unreached(extreme(r - far, "max"), big),
+        row_clip_low_min=extreme(torch.where(nonempty, low / nf, math.inf), "min"),
+        row_clip_high_max=extreme(torch.where(nonempty, high / nf, -math.inf), "max"),
+    )
+
+
+def total(per_row: Tensor) -> Tensor:
+    """The exact int64 total of per-row float counts. Shape: (B,) -> ()."""
+    return per_row.to(torch.int64).sum()
+
+
+def extreme(x: Tensor, kind: str) -> Tensor:
+    """Min or max over all of ``x``: +inf or -inf when it is empty. Shape: any -> ()."""
+    if x.numel() == 0:
+        return x.new_full((), math.inf if kind == "min" else -math.inf)
+    return x.amin() if kind == "min" else x.amax()
+
+
+def unreached(x: Tensor, big: float) -> Tensor:
+    """±inf where an extremum over valid tokens found none (it reads ±``big`` then)."""
+    return torch.where(x.abs() >= big, x.sign() * math.inf, x)
+
+
+def logp_grad(p: GradPieces, g: Tensor, g_lc: Tensor | None, beta: Bound) -> Tensor:
+    """The gradient of ``sum_i g_i per_sequence_loss_i + g_lc_i log_coef_i`` with respect to
+    ``logp``, from the pieces :func:`forward` left (``Forward.grad``) (what autograd would compute from it)::
+
+        d/d logp_t = passes_t (g_i policy_i + g_lc_i) / n_i + g_i beta kl_grad_t / n_i
+
+    Shape: g, g_lc: (B,) or (). Output: (B, T) in the compute dtype.
+    """
+    nf = p.n.clamp(min=1)
+    coef = g * p.policy if g_lc is None else g * p.policy + g_lc
+    grad = p.passes * rows(coef / nf)
+    if p.kl_grad is not None:
+        grad = grad + p.kl_grad * rows(g * beta / nf)
+    return grad
