@@ -1,9 +1,9 @@
 """The GMPO objective as pure functions of two records: the one math layer of :mod:`gmpo_core`.
 
 Every path runs :func:`forward`: the plain path eagerly inside one ``torch.autograd.Function``
-whose backward is :func:`logp_grad` (:mod:`gmpo_core.loss`), the compiled path the same function
-under ``torch.compile`` (:mod:`gmpo_core.compiled`), and a user's ``torch.compile`` traces it under
-autograd. The public building blocks (:mod:`gmpo_core.ops`) call the pieces. docs/semantics.md
+(:mod:`gmpo_core.loss`) whose backward scales the gradient :func:`forward` wrote, the compiled
+path the same function under ``torch.compile`` (:mod:`gmpo_core.compiled`), and a user's
+``torch.compile`` traces it under autograd. The public building blocks (:mod:`gmpo_core.ops`) call the pieces. docs/semantics.md
 states every rule; its section numbers are cited as S1, S2, ...
 
 Inputs travel as a :class:`Batch` (tensors) and a :class:`Hyper` (validated hyper-parameters:
@@ -53,15 +53,6 @@ class Batch(NamedTuple):
     w_row: Tensor | None  # per-row rollout weights
 
 
-class GradPieces(NamedTuple):
-    """What :func:`logp_grad` needs, detached. Shape: policy, n: (B,). passes, kl_grad: (B, T)."""
-
-    policy: Tensor  # the row's policy term -A exp(log_coef) w: also d policy / d log_coef
-    n: Tensor  # valid tokens per row
-    passes: Tensor  # 1 at valid tokens whose clamp passes the gradient, else 0: d c / d r
-    kl_grad: Tensor | None  # d k3_t / d logp_t = -expm1(ref - logp), 0 at invalid positions
-
-
 class Forward(NamedTuple):
     """What :func:`forward` returns. ``loss``, ``per_sequence_loss`` and ``log_coef`` are
     differentiable in ``logp`` when run under autograd; the rest is detached.
@@ -75,7 +66,7 @@ class Forward(NamedTuple):
     log_coef: Tensor
     stats: ClipStats
     kl_sum: Tensor | None  # sum of the k3 estimator over valid tokens; None without KL
-    grad: GradPieces
+    loss_grad: Tensor | None  # (B, T) d loss / d logp, compute dtype, when asked for
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -90,8 +81,11 @@ def valid_tokens(mask: Tensor, w_tok: Tensor | None = None) -> Tensor:
 
 
 def as_float(valid: Tensor, dtype: torch.dtype) -> Tensor:
-    """A bool tensor as 0/1 floats, through a zero-copy uint8 view (ATen converts uint8 to float
-    ~10x faster than bool on CPU). Shape: unchanged."""
+    """A bool tensor as 0/1 floats: eagerly through a zero-copy uint8 view (ATen converts uint8
+    to float ~10x faster than bool on CPU); directly where traced (compiled code converts bool
+    well, and a dtype view would be compiled to a scalar loop). Shape: unchanged."""
+    if torch.compiler.is_compiling():
+        return valid.to(dtype)
     return valid.view(torch.uint8).to(dtype)
 
 
@@ -143,10 +137,20 @@ def k3(logp: Tensor, ref_logp: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
     return em1 - d, em1
 
 
-def forward(b: Batch, h: Hyper) -> Forward:
-    """Eq. 4 of the paper per row (S1-S8), its statistics (S10), and the pieces of its gradient.
+def forward(b: Batch, h: Hyper, with_grad: bool = False) -> Forward:
+    """Eq. 4 of the paper per row (S1-S8), its statistics (S10), and with ``with_grad`` the
+    gradient of ``loss`` with respect to ``logp``, written out::
+
+        d loss / d logp_t = [passes_t policy_i - beta expm1(ref_t - logp_t)] / (B n_i)
+
+    where ``passes_t`` is 1 at valid tokens where the clamp passes the gradient (S1) and
+    ``policy_i`` the row's policy term, its own derivative with respect to ``log_coef_i``. Every
+    row's gradient is proportional to the upstream gradient of its ``per_sequence_loss``, so a
+    backward only scales it per row.
+
     ``b`` holds the inputs in their own dtypes; everything is computed in :func:`compute_dtype`
-    of ``logp``'s."""
+    of ``logp``'s.
+    """
     dt = compute_dtype(b.logp.dtype)
     logp, adv = b.logp.to(dt), b.adv.to(dt)
     valid = valid_tokens(b.mask, b.w_tok)  # (B, T) bool
@@ -164,22 +168,26 @@ def forward(b: Batch, h: Hyper) -> Forward:
     if b.w_row is not None:
         policy = policy * b.w_row.to(dt)
     policy = torch.where(active, policy, 0)
-    per_seq, kl_sum, kl_grad = policy, None, None
+    per_seq, kl_sum, em1 = policy, None, None
     if b.ref_logp is not None:  # the k3 estimator expm1(d) - d, d = ref - logp (S3)
         k, em1 = k3(logp, b.ref_logp.to(dt), valid)  # (B, T) each
         kl_rows = k.sum(-1)  # (B,)
         per_seq = policy + h.beta * kl_rows / nf
-        kl_sum, kl_grad = kl_rows.detach().sum(), -em1.detach()
+        kl_sum = kl_rows.detach().sum()
     # s = -1 where the clamp cut q at eps, +1 at the dual cap, 0 elsewhere (invalid tokens too)
     s = torch.sign(cq.detach() - q.detach())  # (B, T)
     a = s.abs()
-    passes = mf - a  # (B, T)
     stats = clip_stats(r.detach(), mf, a.sum(-1), s.sum(-1), adv, n)
     if h.log_dual is None:
         stats = stats._replace(num_clipped_dual=None)
-    loss = per_seq.sum() / max(per_seq.shape[0], 1)  # mean over rows; 0 when B = 0 (S4)
-    pieces = GradPieces(policy.detach(), n, passes, kl_grad)
-    return Forward(loss, per_seq, log_coef, stats, kl_sum, pieces)
+    rows_b = max(per_seq.shape[0], 1)
+    loss = per_seq.sum() / rows_b  # mean over rows; 0 when B = 0 (S4)
+    grad = None
+    if with_grad:
+        grad = (mf - a) * rows(policy.detach() / (nf * rows_b))  # (B, T) mf - |s| = passes
+        if em1 is not None:
+            grad = grad - em1.detach() * rows(h.beta / (nf * rows_b))
+    return Forward(loss, per_seq, log_coef, stats, kl_sum, grad)
 
 
 def clip_stats(
@@ -219,28 +227,15 @@ def total(per_row: Tensor) -> Tensor:
 
 
 def extreme(x: Tensor, kind: str) -> Tensor:
-    """Min or max over all of ``x``: +inf or -inf when it is empty. Shape: any -> ()."""
+    """Min or max over all of ``x``: +inf or -inf when it is empty. Shape: (B, T) or (B,) -> ().
+    Rows first, so that compiled code takes them in the pass that makes the row sums."""
     if x.numel() == 0:
         return x.new_full((), math.inf if kind == "min" else -math.inf)
+    if x.dim() == 2:
+        x = x.amin(-1) if kind == "min" else x.amax(-1)
     return x.amin() if kind == "min" else x.amax()
 
 
 def unreached(x: Tensor, big: float) -> Tensor:
     """±inf where an extremum over valid tokens found none (it reads ±``big`` then)."""
     return torch.where(x.abs() >= big, x.sign() * math.inf, x)
-
-
-def logp_grad(p: GradPieces, g: Tensor, g_lc: Tensor | None, beta: Bound) -> Tensor:
-    """The gradient of ``sum_i g_i per_sequence_loss_i + g_lc_i log_coef_i`` with respect to
-    ``logp``, from the pieces :func:`forward` left (``Forward.grad``) (what autograd would compute from it)::
-
-        d/d logp_t = passes_t (g_i policy_i + g_lc_i) / n_i + g_i beta kl_grad_t / n_i
-
-    Shape: g, g_lc: (B,) or (). Output: (B, T) in the compute dtype.
-    """
-    nf = p.n.clamp(min=1)
-    coef = g * p.policy if g_lc is None else g * p.policy + g_lc
-    grad = p.passes * rows(coef / nf)
-    if p.kl_grad is not None:
-        grad = grad + p.kl_grad * rows(g * beta / nf)
-    return grad

@@ -2,7 +2,7 @@
 
 :func:`gmpo_core._math.forward` is compiled with ``torch.compile(dynamic=True, fullgraph=True)``
 (a new (B, T) does not recompile) and runs inside the same ``torch.autograd.Function`` as the
-plain path, whose backward scales the (B, T) patterns the forward wrote. Hyper-parameters enter as
+plain path, whose backward scales the gradient the forward wrote. Hyper-parameters enter as
 0-d tensors built on each call, so new values never recompile and nothing is cached across calls.
 The compiled function is created once, on first use; a failing call raises and changes nothing
 for the next one. The first call of each input signature (dtypes, devices, which optional inputs
@@ -26,19 +26,19 @@ _LOCK = threading.Lock()
 
 
 @functools.cache
-def compiled_forward() -> Callable[[_math.Batch, _math.Hyper], _math.Forward]:
+def compiled_forward() -> Callable[[_math.Batch, _math.Hyper, bool], _math.Forward]:
     """:func:`gmpo_core._math.forward` under ``torch.compile`` (created on first use)."""
     return torch.compile(_math.forward, dynamic=True, fullgraph=True)
 
 
-def kernel() -> Callable[[_math.Batch, _math.Hyper], _math.Forward]:
+def kernel() -> Callable[[_math.Batch, _math.Hyper, bool], _math.Forward]:
     """The compiled forward, one call at a time across threads."""
     return _serialized
 
 
-def _serialized(b: _math.Batch, h: _math.Hyper) -> _math.Forward:
+def _serialized(b: _math.Batch, h: _math.Hyper, with_grad: bool) -> _math.Forward:
     with _LOCK:
-        return compiled_forward()(b, h)
+        return compiled_forward()(b, h, with_grad)
 
 
 def hyper_tensors(h: _math.Hyper, like: Tensor) -> _math.Hyper:
@@ -48,9 +48,3 @@ def hyper_tensors(h: _math.Hyper, like: Tensor) -> _math.Hyper:
     dtype = _math.compute_dtype(like.dtype)
     eps_low, eps_high, log_dual, beta = torch.tensor(values, dtype=dtype, device=like.device)
     return _math.Hyper(eps_low, eps_high, log_dual if dual else None, beta)
-
-
-def fast_mask(mask: Tensor) -> Tensor:
-    """A bool mask as a zero-copy uint8 view: compiled CPU code loads bool tensors several times
-    slower than uint8 ones."""
-    return mask.view(torch.uint8) if mask.dtype == torch.bool else mask

@@ -119,7 +119,6 @@ def gmpo_loss(
         return GMPOOutput(fw.loss, fw.per_sequence_loss, fw.log_coef, fw.stats, fw.kl_sum)
     if impl == "compiled":
         kernel, h = compiled.kernel(), compiled.hyper_tensors(h, logp)
-        b = b._replace(mask=compiled.fast_mask(b.mask))
     else:
         kernel = _math.forward
     stats_out: list[tuple[ClipStats, Tensor | None]] = []
@@ -129,10 +128,11 @@ def gmpo_loss(
 
 
 class _GMPO(torch.autograd.Function):
-    """:func:`gmpo_core._math.forward` with its gradient written out
-    (:func:`gmpo_core._math.logp_grad`): the backward scales saved (B, T) patterns per row. A
-    second-order gradient (``create_graph=True``) differentiates the math itself, recomputed
-    under autograd."""
+    """:func:`gmpo_core._math.forward`, which writes the gradient of ``loss`` where a backward is
+    coming; the backward scales it per row (not at all for ``loss.backward()`` on CPU). Where
+    that does not serve (an upstream gradient on ``log_coef``, a second backward through a
+    retained graph, or ``create_graph=True``), it differentiates the math itself, recomputed
+    under autograd from the saved inputs."""
 
     @staticmethod
     def forward(
@@ -145,14 +145,15 @@ class _GMPO(torch.autograd.Function):
         w_tok: Tensor | None,
         w_row: Tensor | None,
         h: _math.Hyper,
-        kernel: Callable[[_math.Batch, _math.Hyper], _math.Forward],
+        kernel: Callable[..., _math.Forward],
         stats_out: list[tuple[ClipStats, Tensor | None]],
     ) -> tuple[Tensor, Tensor, Tensor]:
-        fw = kernel(_math.Batch(logp, old_logp, adv, mask, ref_logp, w_tok, w_row), h)
+        b = _math.Batch(logp, old_logp, adv, mask, ref_logp, w_tok, w_row)
+        fw = kernel(b, h, ctx.needs_input_grad[0])
         stats_out.append((fw.stats, fw.kl_sum))  # statistics leave outside autograd's outputs
         ctx.save_for_backward(logp, old_logp, adv, mask, ref_logp, w_tok, w_row)
         ctx.h = h
-        ctx.pieces = fw.grad  # intermediates, never outputs: no reference cycle
+        ctx.loss_grad = fw.loss_grad  # not an output: no reference cycle; used once
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
         return fw.loss, fw.per_sequence_loss, fw.log_coef
 
@@ -160,29 +161,36 @@ class _GMPO(torch.autograd.Function):
     def backward(
         ctx: Any, g_loss: Tensor | None, g_ps: Tensor | None, g_lc: Tensor | None
     ) -> tuple[Tensor | None, ...]:
+        grad, ctx.loss_grad = ctx.loss_grad, None  # handed on, so autograd need not copy it
         nones = (None,) * 9
-        if torch.is_grad_enabled():  # create_graph=True: a differentiable gradient
-            return (_differentiable_grad(ctx, g_loss, g_ps, g_lc), *nones)
-        pieces = ctx.pieces
-        dt = pieces.n.dtype
-        g = pieces.n.new_zeros(()) if g_loss is None else g_loss.to(dt) / max(len(pieces.n), 1)
-        if g_ps is not None:
-            g = g + g_ps.to(dt)  # (B,) upstream gradient of each per_sequence_loss
-        g_lc = None if g_lc is None else g_lc.to(dt)
-        grad = _math.logp_grad(pieces, g, g_lc, ctx.h.beta)
-        return (grad.to(ctx.saved_tensors[0].dtype), *nones)
+        if grad is None or g_lc is not None or torch.is_grad_enabled():
+            return (_autograd_grad(ctx, g_loss, g_ps, g_lc), *nones)
+        logp = ctx.saved_tensors[0]
+        if g_ps is not None:  # d/d per_sequence_loss_i = B d/d loss for every row
+            scale = g_ps.to(grad.dtype) * max(len(g_ps), 1)
+            grad.mul_(_math.rows(scale if g_loss is None else scale + g_loss.to(grad.dtype)))
+        elif g_loss is None:
+            grad.zero_()
+        elif g_loss.device.type != "cpu" or g_loss.item() != 1.0:  # 1 for loss.backward()
+            grad.mul_(g_loss.to(grad.dtype))
+        return (grad.to(logp.dtype), *nones)
 
 
-def _differentiable_grad(
+def _autograd_grad(
     ctx: Any, g_loss: Tensor | None, g_ps: Tensor | None, g_lc: Tensor | None
-) -> Tensor:
-    """The gradient with a graph: :func:`gmpo_core._math.forward` recomputed under autograd on
-    the saved inputs (``logp`` keeps its history) and differentiated with ``create_graph``."""
+) -> Tensor | None:
+    """The gradient by autograd: :func:`gmpo_core._math.forward` recomputed under autograd on
+    the saved inputs (``logp`` keeps its history) and differentiated, with a graph of its own
+    where ``create_graph=True`` asked for one."""
     inputs = ctx.saved_tensors
+    create_graph = torch.is_grad_enabled()
     with torch.enable_grad():
-        fw = _math.forward(_math.Batch(*inputs), ctx.h)
+        logp = inputs[0] if create_graph else inputs[0].detach().requires_grad_()
+        fw = _math.forward(_math.Batch(logp, *inputs[1:]), ctx.h)
         pairs = [(o, g) for o, g in zip(fw[:3], (g_loss, g_ps, g_lc), strict=True) if g is not None]
+        if not pairs:
+            return None
         (grad,) = torch.autograd.grad(
-            [o for o, _ in pairs], inputs[0], [g for _, g in pairs], create_graph=True
+            [o for o, _ in pairs], logp, [g for _, g in pairs], create_graph=create_graph
         )
     return grad  # type: ignore[no-any-return]
