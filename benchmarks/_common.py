@@ -102,3 +102,37 @@ def command_line(script: str, argv: Sequence[str]) -> str:
     """The command that reruns ``script`` with ``argv`` from the repository root."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(script)))
     return "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(script, repo), *argv])
+
+
+def environment(result: dict[str, object]) -> list[str]:
+    """The facts a report records, as Markdown list items (and into ``result``)."""
+    import datetime
+
+    import torch
+
+    facts = {
+        "command": f"`{result['command']}`" if result.get("command") else "",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cpu": f"{cpu_model()}, {torch.get_num_threads()} torch threads ({os.cpu_count()} CPUs visible)",
+        "load average": loadavg(),
+        "versions": f"torch {torch.__version__}, Python {platform.python_version()}, "
+        f"gmpo {dist_version('gmpo')}, trl {dist_version('trl')}, verl {dist_version('verl')}",
+        "allocator": str(result.get("allocator")),
+    }
+    result.setdefault("environment", facts)
+    return [f"- {k}: {v}" for k, v in facts.items() if v]
+
+
+def write_results(
+    stem: Path, result: dict[str, object], text: str, script: str, argv: Sequence[str]
+) -> None:
+    """``stem``.json (the numbers) and ``stem``.md (the report), with the command that made them."""
+    import json
+
+    result["command"] = command_line(script, argv)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    stem.with_suffix(".md").write_text(
+        text.replace("- command: \n", f"- command: `{result['command']}`\n")
+    )
+    print(f"wrote {stem}.json and {stem}.md")

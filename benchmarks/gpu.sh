@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared script for a CUDA machine (DESIGN §8: no trl, verl or vLLM there; this needs
+# One prepared script for a CUDA machine (the one we are lent has no trl, verl or vLLM; this needs
 # none of them). Runs the gpu-marked tests, then the core loss benchmark (float32 and bf16) and,
 # when present, the LM-head benchmark at GPU sizes, and prints one table with the versions.
 #

@@ -45,7 +45,7 @@ def trust_region_log_ratio(
 ) -> Tensor:
     """One-sided, sign-aware clip of log-ratios: PPO's trust region in log space.
 
-    ``min(rho A, clip(rho, e^-eps_l, e^eps_h) A) = A * exp(c)`` with (DESIGN §5.1)::
+    ``min(rho A, clip(rho, e^-eps_l, e^eps_h) A) = A * exp(c)`` with (docs/semantics.md S1)::
 
         c = min(r, eps_h)                 where A >= 0
         c = max(r, -eps_l)                where A <  0   (and min(c, log dual_clip) if given)

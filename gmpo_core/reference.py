@@ -1,6 +1,6 @@
-"""Independent float64 NumPy reference of the GMPO loss contract (DESIGN.md §4-§6).
+"""Independent float64 NumPy reference of the GMPO loss contract (docs/semantics.md).
 
-Written from the design contract and the paper (Geometric-Mean Policy Optimization, arXiv
+Written from docs/semantics.md and the paper (Geometric-Mean Policy Optimization, arXiv
 2507.20673, Eq. 4) only. It never imports the torch implementation of this package, so the torch
 code can be tested against it. Everything is computed in float64; values at invalid positions are
 removed with ``np.where`` before any arithmetic, so NaN or ±inf there never matter.
@@ -104,7 +104,7 @@ def _masked_log_ratio(lp: Float64Array, olp: Float64Array, valid: BoolArray) -> 
 def _trust_region(
     r: Float64Array, adv: Float64Array, eps_l: float, eps_h: float, dual_clip: float | None
 ) -> tuple[Float64Array, BoolArray, BoolArray, BoolArray]:
-    """Per-token one-sided log-space clip (DESIGN §5.1) and where each bound took effect.
+    """Per-token one-sided log-space clip (docs/semantics.md S1) and where each bound took effect.
 
     c_t = min(r_t, ε_h) if A ≥ 0; max(r_t, −ε_l) if A < 0; with dual clip, for A < 0 also
     min(c_t, log c). Clipped is strict: a token exactly on a bound is not clipped.
@@ -141,7 +141,7 @@ def gmpo_loss(
     is_weights: ArrayLike | None = None,
     dual_clip: float | None = None,
 ) -> ReferenceResult:
-    """GMPO loss (paper Eq. 4, DESIGN §5), its closed-form gradient, stats and metrics.
+    """GMPO loss (paper Eq. 4, docs/semantics.md), its closed-form gradient, stats and metrics.
 
     per_sequence_loss_i = −A_i · exp(log_coef_i) · w_i + β · KL_i,
     log_coef_i = Σ_t valid·c_t / max(n_i, 1),

@@ -2,7 +2,7 @@
 
 Shapes are drawn first, then per-row lengths; masks are built from the lengths (plus optional
 holes, like TRL's ``tool_mask``), so failures shrink to short rows in small batches. Values are
-bounded float32 (|r| <= 20 at valid positions, DESIGN §5.9); edge cases (A = 0, empty rows, ratios
+bounded float32 (|r| <= 20 at valid positions, docs/semantics.md S9); edge cases (A = 0, empty rows, ratios
 far outside the clip range, zero rollout weights) are forced with ``sampled_from``.
 """
 

@@ -1,4 +1,4 @@
-"""Small cases worked by hand, the arithmetic in the comments (DESIGN §5)."""
+"""Small cases worked by hand, the arithmetic in the comments (docs/semantics.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Property tests of gmpo_loss against the independent float64 reference (DESIGN §5, §6).
+"""Property tests of gmpo_loss against the independent float64 reference (docs/semantics.md).
 
 Every property runs on both implementations (``impl`` fixture: the eager building blocks and the
 fused, compiled path).
@@ -179,7 +179,7 @@ def test_padding_invariance(
 @given(batches(beta=False), garbage())
 def test_zero_advantage_rows_are_exactly_zero(impl: str, batch: Batch, junk: float) -> None:
     """A = 0 rows: policy term and gradient exactly 0 whatever their log-ratios are: huge,
-    infinite or NaN (DESIGN §5.5)."""
+    infinite or NaN (docs/semantics.md S5)."""
     t = batch.shape[1]
     zero = batch.advantages == 0
     assume(zero.any())
@@ -350,7 +350,7 @@ def test_building_blocks_ignore_masked_positions(
 
 @given(batches(weights=False, min_size=2))  # with T = 1 a (B, 1) weight is a row weight
 def test_zero_weight_tokens_are_removed_as_if_never_generated(impl: str, batch: Batch) -> None:
-    """A (B, T) rollout weight of 0 removes the token from the row (DESIGN §5.7): the same as
+    """A (B, T) rollout weight of 0 removes the token from the row (docs/semantics.md S7): the same as
     masking it out, with the remaining weights equal to 1."""
     b, t = batch.shape
     drop = np.zeros((b, t), bool)

@@ -236,7 +236,7 @@ def test_matches_reference(name: str, batch: Batch) -> None:
     differences (the others). Masked positions always get a gradient of exactly 0."""
     variant = VARIANT_OF[name]
     rows = _ref_rows(batch, variant)
-    assume(np.all(np.abs(rows) < 1e30))  # float32's range (DESIGN §5.9)
+    assume(np.all(np.abs(rows) < 1e30))  # float32's range (docs/semantics.md S9)
     scale = _scale(rows)
     expected = _ref_loss(batch, variant)
     np.testing.assert_allclose(rows.mean(), expected, rtol=1e-12, atol=0)
@@ -290,7 +290,7 @@ def test_token_clip_recipes_equal_gmpo_loss(
 @given(batch=STRATEGY)
 def test_on_policy_grpo_and_gmpo_agree(batch: Batch) -> None:
     """At old_logp == logp every ratio is 1: both recipes give -A_i per row, and the gradient
-    -A_i / (|o_i| B) on each valid token (DESIGN §5.10)."""
+    -A_i / (|o_i| B) on each valid token (docs/semantics.md S10)."""
     on_policy = Batch(batch.logp, batch.logp.copy(), batch.advantages, batch.mask, batch.kwargs)
     loss_grpo, grad_grpo = _call("grpo_arithmetic_loss", on_policy, torch.float64)
     loss_gmpo, grad_gmpo = _call("gmpo_from_blocks", on_policy, torch.float64)
@@ -312,7 +312,7 @@ def test_garbage_in_padding_empty_and_zero_advantage_rows(
     only rescales the loss by B / (B + 2) (the new rows count in the mean), and every new
     position gets a gradient of exactly 0."""
     scale = _scale(_ref_rows(batch, VARIANT_OF[name]))
-    assume(scale < 1e30)  # float32's range (DESIGN §5.9)
+    assume(scale < 1e30)  # float32's range (docs/semantics.md S9)
     b, t = batch.shape
     width = t + pad
 

@@ -74,7 +74,7 @@ def test_hand_case_two_rows() -> None:
 
 
 def test_on_policy_gradient_is_grpo_token_mean() -> None:
-    # DESIGN §5.10: old_logp = None means r = 0, so c = 0, log_coef = 0, exp = 1 and
+    # docs/semantics.md S10: old_logp = None means r = 0, so c = 0, log_coef = 0, exp = 1 and
     # per_sequence_loss = -A; grad = -A / (n * B) on every valid token.
     logp = np.array([[-0.3, -2.0, -1.1, -4.0], [-0.7, -0.2, NAN, NAN], [-1.0, -1.0, -1.0, -1.0]])
     adv = np.array([0.5, -1.5, 2.0])
@@ -137,7 +137,7 @@ def test_zero_advantage_row_is_exactly_zero_even_with_inf() -> None:
     assert out.loss == pytest.approx(-math.exp(0.1) / 3, abs=EXACT)
     np.testing.assert_array_equal(out.grad_logp[:2], np.zeros((2, 4)))
     assert out.grad_logp[2, 0] == pytest.approx(-math.exp(0.1) / 3, abs=EXACT)  # (1/3)*-1*e^.1/1
-    # A = 0 uses the upper bound (DESIGN §5.1): row 1 c = [min(0.9, 0.4)] * 2, log_coef = 0.4.
+    # A = 0 uses the upper bound (docs/semantics.md S1): row 1 c = [min(0.9, 0.4)] * 2, log_coef = 0.4.
     assert out.log_coef[1] == pytest.approx(0.4, abs=EXACT)
     assert out.stats["num_tokens"] == 7  # A = 0 rows count as tokens ...
     assert out.stats["num_clipped_high"] == 0  # ... but not as clipped

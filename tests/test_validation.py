@@ -1,4 +1,4 @@
-"""Bad input gets a ValueError naming the argument (DESIGN §5, "Bad input"); shape checks never
+"""Bad input gets a ValueError naming the argument (docs/semantics.md S13); shape checks never
 synchronize with the device; value checks are opt-in."""
 
 from __future__ import annotations

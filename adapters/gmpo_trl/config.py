@@ -10,7 +10,7 @@ from trl import GRPOConfig
 
 RECIPES = "docs/recipes.md"
 
-# Fields whose non-default value only matters for another loss_type (DESIGN §7: none is silently
+# Fields whose non-default value only matters for another loss_type (docs/trl.md: none is silently
 # dropped): a user-set value is refused.
 _OTHER_LOSS_FIELDS = (
     "sapo_temperature_neg",

@@ -166,7 +166,7 @@ def _enable_is(trainer, mode: str) -> None:
 
 @pytest.mark.parametrize("mode", IS_MODES)
 def test_vllm_importance_sampling_modes(tmp_path, mode):
-    """The ratios reach gmpo_core as is_weights (DESIGN §5.7): (B, 1) weights a row, (B, T)
+    """The ratios reach gmpo_core as is_weights (docs/semantics.md S7): (B, 1) weights a row, (B, T)
     enters as its geometric mean, and a zero token weight (token_mask) removes the token from
     the row, its KL included."""
     ours = make_trainer(tmp_path, beta=0.05)
@@ -305,7 +305,7 @@ def test_moe_router_aux_loss(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# on-policy GMPO == GRPOTrainer(loss_type="grpo") (DESIGN §5.10), host terms included
+# on-policy GMPO == GRPOTrainer(loss_type="grpo") (docs/semantics.md S10), host terms included
 # --------------------------------------------------------------------------------------------
 
 ON_POLICY = {
@@ -421,7 +421,7 @@ def test_compiled_path_matches_eager(tmp_path):
 
 def test_bf16_log_probs_are_computed_in_float32(tmp_path):
     """bf16=True: the forward runs under bf16 autocast; gmpo_core computes the loss in float32
-    (DESIGN §5.8), so it stays close to the float32 run."""
+    (docs/semantics.md S8), so it stays close to the float32 run."""
     ours = make_trainer(tmp_path, bf16=True)
     inputs = make_inputs(ours, drift=0.5)
     loss, grad = loss_and_grad(ours, inputs)

@@ -121,7 +121,7 @@ class CPUPlatform(PlatformBase):
         return None
 
 
-# verl 0.9.1 + trl 1.16 (DESIGN §8): verl's model patching imports trl's value-head model when
+# verl 0.9.1 + trl 1.16: verl's model patching imports trl's value-head model when
 # trl is importable, which fails at engine init
 import verl.models.transformers.monkey_patch as _monkey_patch  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Engine-level tests on CPU through verl's real training stack (DESIGN §8).
+"""Engine-level tests on CPU through verl's real training stack (FSDP2 + gloo, a CPU platform).
 
 ``_engine_worker.py`` runs verl's FSDP2 engine with its real actor loss (``ppo_loss``, which looks
 the policy loss up by ``loss_mode``) on a tiny Qwen2 model, under ``torchrun`` with 1 and 2

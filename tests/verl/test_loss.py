@@ -52,7 +52,7 @@ def _batch(seed: int = 0, weights: bool = True) -> dict[str, torch.Tensor]:
     batch = {"log_prob": logp, "old_log_prob": old, "advantages": adv, "response_mask": mask}
     if weights:
         w = torch.exp(0.3 * torch.randn(B, T, generator=g))
-        w[0, 3] = 0.0  # a dropped token (DESIGN §5.7)
+        w[0, 3] = 0.0  # a dropped token (docs/semantics.md S7)
         batch["rollout_is_weights"] = w
     return batch
 
