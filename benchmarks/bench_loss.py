@@ -58,6 +58,9 @@ IMPLS = ("gmpo plain", "gmpo compiled", "TRL", "verl")
 Step = Callable[[], Tensor]
 
 
+DEVICE = torch.device("cpu")  # --device
+
+
 def make_inputs(
     batch: int, seq: int, seed: int = 0, dtype: torch.dtype = torch.float32
 ) -> dict[str, Tensor]:
@@ -66,12 +69,18 @@ def make_inputs(
     g = torch.Generator().manual_seed(seed)
     logp = -torch.empty(batch, seq).exponential_(generator=g)
     lengths = torch.randint(1, seq + seq // 4 + 1, (batch,), generator=g).clamp(max=seq)
-    return {
-        "logp": logp.to(dtype).requires_grad_(),
-        "old_logp": (logp + 0.2 * torch.randn(batch, seq, generator=g)).to(dtype),
+    x = {
+        "logp": logp,
+        "old_logp": logp + 0.2 * torch.randn(batch, seq, generator=g),
         "advantages": torch.randn(batch, generator=g),
         "mask": torch.arange(seq) < lengths[:, None],
     }
+    x = {
+        k: v.to(DEVICE, dtype if v.is_floating_point() and k != "advantages" else v.dtype)
+        for k, v in x.items()
+    }
+    x["logp"].requires_grad_()
+    return x
 
 
 def make_step(impl: str, x: dict[str, Tensor]) -> Step:
@@ -119,10 +128,13 @@ def time_shape(shape: tuple[int, int], impls: list[str], repeats: int) -> dict[s
         for _ in range(3):  # warm-up (the compiled path compiles here)
             step()
     times: dict[str, list[float]] = {impl: [] for impl in impls}
+    sync = torch.cuda.synchronize if DEVICE.type == "cuda" else (lambda: None)
     for _ in range(repeats):
         for impl, step in steps.items():
+            sync()
             t0 = time.perf_counter()
             step()
+            sync()
             times[impl].append((time.perf_counter() - t0) * 1e3)
     return {impl: statistics.median(t) for impl, t in times.items()}
 
@@ -209,8 +221,9 @@ def report(result: dict[str, Any]) -> str:
         lines.append(f"| {impl} | " + " | ".join(cells) + " |")
     lines += ["", "| ratio at each shape | " + " | ".join(f"{b}×{t}" for b, t in shapes) + " |"]
     lines += ["|---" * (len(shapes) + 1) + "|"]
-    for impl in ("gmpo plain", "gmpo compiled"):
-        for host in ("TRL", "verl"):
+    ours = [i for i in ("gmpo plain", "gmpo compiled") if i in result["impls"]]
+    for impl in ours:
+        for host in [h for h in ("TRL", "verl") if h in result["impls"]]:
             cells = [
                 f"{result['time_ms'][f'{b}x{t}'][host] / result['time_ms'][f'{b}x{t}'][impl]:.3g}x"
                 for b, t in shapes
@@ -245,30 +258,39 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--calls", type=int, default=200, help="calls of the break-even loop")
     p.add_argument("--no-write", action="store_true", help="print the report only")
+    p.add_argument("--device", default="cpu", help="cuda: times only (no memory or compile study)")
+    p.add_argument("--shapes", help="comma-separated BxT, e.g. 64x2048,256x4096")
+    p.add_argument("--impls", default=",".join(IMPLS), help="comma-separated rows to run")
+    p.add_argument("--tag", default="cpu", help="results file: benchmarks/results/loss_<tag>.*")
     args = p.parse_args(argv)
+    global DEVICE
+    DEVICE = torch.device(args.device)
     allocator = steady_malloc()
     shapes = QUICK_SHAPES if args.quick else SHAPES
+    if args.shapes:
+        shapes = tuple(tuple(int(v) for v in s.split("x")) for s in args.shapes.split(","))  # type: ignore[misc]
+    impls = args.impls.split(",")
     result: dict[str, Any] = {
         "argv": sys.argv[1:] if argv is None else argv,
         "allocator": allocator,
     }
-    result["impls"], result["shapes"] = list(IMPLS), [list(s) for s in shapes]
+    result["impls"], result["shapes"] = impls, [list(s) for s in shapes]
     result["time_ms"] = {}
     for shape in shapes:
         result["time_ms"][f"{shape[0]}x{shape[1]}"] = time_shape(
-            shape, list(IMPLS), 5 if args.quick else args.repeats
+            shape, impls, 5 if args.quick else args.repeats
         )
         print(shape, result["time_ms"][f"{shape[0]}x{shape[1]}"], flush=True)
-    if not args.quick:
+    if not args.quick and DEVICE.type == "cpu":
         big = shapes[-1]
         result["memory_mib"] = {
-            f"{big[0]}x{big[1]}": {impl: peak_memory_mib(impl, big) for impl in IMPLS}
+            f"{big[0]}x{big[1]}": {impl: peak_memory_mib(impl, big) for impl in impls}
         }
         result["break_even"] = break_even(args.calls)
     text = report(result)
     print(text)
     if not args.no_write:
-        write_results(RESULTS_DIR / "loss_cpu", result, text, __file__, argv)
+        write_results(RESULTS_DIR / f"loss_{args.tag}", result, text, __file__, argv)
 
 
 if __name__ == "__main__":
