@@ -339,6 +339,9 @@ def test_verl_token_mean_refuses_too_few_global_tokens() -> None:
 
 
 def test_long_rows_match_the_reference(impl: str) -> None:
+    """At T = 131,072 the default path sums rows with ATen's pairwise sum (measured error
+    <= 1e-9 on log_coef, about 0.3); compiled code accumulates sequentially per vector lane
+    (<= 1e-7 measured; 0.1's default one-pass kernel gave the same, 100x torch's)."""
     t = 131072
     g = torch.Generator().manual_seed(12)
     logp = -torch.rand(2, t, generator=g)
@@ -348,4 +351,5 @@ def test_long_rows_match_the_reference(impl: str) -> None:
     exp = reference.gmpo_loss(
         logp.double().numpy(), old.double().numpy(), adv.numpy(), mask.numpy()
     )
-    np.testing.assert_allclose(out.log_coef.numpy(), exp.log_coef, rtol=1e-5, atol=1e-7)
+    atol = 5e-9 if impl == "plain" else 5e-7
+    np.testing.assert_allclose(out.log_coef.detach().numpy(), exp.log_coef, rtol=0, atol=atol)
