@@ -136,3 +136,13 @@ def test_retain_graph_backward_twice(impl: str) -> None:
     first = x["logp"].grad.clone()
     out.loss.backward()
     torch.testing.assert_close(x["logp"].grad, 2 * first)
+
+
+@pytest.mark.parametrize("impl", ["plain", "compiled"])
+def test_scaled_loss(impl: str) -> None:
+    """An upstream gradient of ``loss`` other than 1 (gradient accumulation divides the loss)."""
+    x = _inputs(4, 10, seed=5)
+    (grad,) = torch.autograd.grad(gmpo_loss(**x, impl=impl).loss * 0.25, x["logp"])
+    (unit,) = torch.autograd.grad(gmpo_loss(**x, impl=impl).loss, x["logp"])
+    assert unit.abs().sum() > 0
+    torch.testing.assert_close(grad, 0.25 * unit)
