@@ -39,8 +39,8 @@ M = [
     (
         "a token on its bound is cut (minimum splits the gradient at a tie)",
         "gmpo_core/_math.py",
-        "cq = (r * col(sgn)).clamp(max=col(eps))",
-        "cq = torch.minimum(r * col(sgn), col(eps).expand_as(r))",
+        "cq = q.clamp(max=col(eps))",
+        "cq = torch.minimum(q, col(eps).expand_as(q))",
         "tests/test_hand_cases.py -k 'bound and plain'",
     ),
     (
