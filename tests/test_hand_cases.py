@@ -60,11 +60,13 @@ def test_two_rows(impl: str) -> None:
     assert out.stats.num_tokens.item() == 5
 
 
-def test_tokens_on_the_bound_are_not_clipped(impl: str) -> None:
+@pytest.mark.parametrize("traced", [False, True], ids=["called", "in a user's compile"])
+def test_tokens_on_the_bound_are_not_clipped(impl: str, traced: bool) -> None:
     # eps = 0.5 is exact in binary. A = +1, r = 0.5 = eps_h: unclipped, gradient -exp(0.5)/2/2;
     # r = 0.5 + 2^-10 > eps_h: clipped, gradient 0. A = -1, r = -0.5 = -eps_l: unclipped.
     logp = torch.tensor([[0.5, 0.5 + 2**-10], [-0.5, -0.5 - 2**-10]], requires_grad=True)
-    out = gmpo_loss(
+    fn = torch.compile(gmpo_loss, backend="eager", fullgraph=True) if traced else gmpo_loss
+    out = fn(
         logp, torch.zeros(2, 2), torch.tensor([1.0, -1.0]), torch.ones(2, 2), epsilon=0.5, impl=impl
     )
     g = _grad(out.loss, logp)
