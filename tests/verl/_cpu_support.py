@@ -34,7 +34,9 @@ def _require(module_name: str, attribute: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise VerlMovedError(f"tests/verl CPU support: cannot import {module_name}: {error}") from error
+        raise VerlMovedError(
+            f"tests/verl CPU support: cannot import {module_name}: {error}"
+        ) from error
     if not hasattr(module, attribute):
         raise VerlMovedError(
             f"tests/verl CPU support: {module_name}.{attribute} is gone (written for verl 0.9.1)"

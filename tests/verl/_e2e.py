@@ -2,8 +2,8 @@
 ``python -m verl.trainer.main_ppo`` (a tiny Qwen2 model, its tokenizer, parquet data, a reward
 function file), the CPU overrides, and a parser for the trainer's console step lines.
 
-Also a script: ``python -m tests.verl._e2e WORKDIR [--v0] [hydra overrides...]`` builds the
-files in WORKDIR and runs the trainer the way the test does (used to write docs/verl.md).
+Also a command line for ``examples/verl/smoke_test_cpu.sh``: ``python -m tests.verl._e2e
+prepare DIR | smoke-overrides | cpu-overrides | env``.
 
 The task is ``successor``'s (``gmpo_trl.toy``): the prompt is ``d=``, the answer ``d+1 mod 10``.
 The reward is dense enough (a share of digit characters besides the exact answer) that GRPO's
@@ -12,11 +12,10 @@ advantages are not all zero on a random model.
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import random
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -113,11 +112,10 @@ def prepare(workdir: Path) -> dict[str, Path]:
     return paths
 
 
-def overrides(paths: dict[str, Path], workdir: Path, *, v1: bool = True, loss_mode: str = "gmpo",
-              steps: int = 3) -> list[str]:  # fmt: skip
-    """The trainer's overrides: the user's GMPO settings, then what CPU needs."""
+def user_overrides(paths: dict[str, Path], workdir: Path, loss_mode: str = "gmpo") -> list[str]:
+    """What a user brings: GMPO's settings (as in docs/verl.md) and the files."""
     data = str(paths["data"])
-    gmpo = [
+    return [
         "algorithm.adv_estimator=grpo",
         f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}",
         "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
@@ -125,55 +123,70 @@ def overrides(paths: dict[str, Path], workdir: Path, *, v1: bool = True, loss_mo
         "actor_rollout_ref.actor.clip_ratio_high=0.4",
         "actor_rollout_ref.actor.use_kl_loss=False",
         "actor_rollout_ref.actor.entropy_coeff=0",
-        # off-policy: 2 epochs over 2 mini-batches per step, so the clip can act
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.ppo_epochs=2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-        "actor_rollout_ref.actor.optim.lr=0.02",
-        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.optim.lr=0.02",  # a random 20k-parameter model: large steps
         f"data.train_files=['{data}']",
         f"data.val_files=['{data}']",
-        "data.train_batch_size=4",
         f"data.max_prompt_length={PROMPT_LENGTH}",
         f"data.max_response_length={RESPONSE_LENGTH}",
         f"actor_rollout_ref.model.path={paths['model']}",
         f"actor_rollout_ref.model.tokenizer_path={paths['tokenizer']}",
         f"reward.custom_reward_function.path={paths['reward']}",
         "reward.custom_reward_function.name=compute_score",
+        f"trainer.default_local_dir={workdir / 'checkpoints'}",
+        "trainer.project_name=gmpo_e2e",
+        "trainer.experiment_name=cpu",
+    ]
+
+
+def smoke_overrides(steps: int = 3) -> list[str]:
+    """A few small, off-policy steps: 4 prompts x 4 samples, 2 mini-batches x 2 epochs per step
+    (so the clip acts), console logging, no validation, no checkpoints."""
+    return [
+        "data.train_batch_size=4",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_epochs=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
         f"trainer.total_training_steps={steps}",
         "trainer.logger=['console']",
         "trainer.val_before_train=False",
         "trainer.test_freq=-1",
         "trainer.save_freq=-1",
-        f"trainer.default_local_dir={workdir / 'checkpoints'}",
-        "trainer.project_name=gmpo_e2e",
-        "trainer.experiment_name=cpu",
     ]
-    cpu = [
-        "trainer.device=cpu",
-        "trainer.n_gpus_per_node=1",
-        "trainer.nnodes=1",
-        f"trainer.use_v1={v1}",
-        "+ray_kwargs.ray_init.num_gpus=1",  # logical GPUs: verl's resource check counts GPUs
-        f"ray_kwargs.ray_init.num_cpus={16 if v1 else 8}",
-        "actor_rollout_ref.actor.strategy=fsdp2",
-        "actor_rollout_ref.actor.fsdp_config.dtype=float32",
-        "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",  # not bf16
-        "actor_rollout_ref.actor.use_torch_compile=False",
-        "actor_rollout_ref.actor.fsdp_config.use_torch_compile=False",
-        "actor_rollout_ref.model.use_remove_padding=False",
-        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-        "actor_rollout_ref.rollout.name=hf",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        "actor_rollout_ref.rollout.calculate_log_probs=True",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-        "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
-        "actor_rollout_ref.rollout.agent.num_workers=1",
-        "reward.num_workers=1",
-        "data.dataloader_num_workers=0",
-        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
-    ]
-    return gmpo + cpu
+
+
+#: What verl 0.9.1 needs on a CPU (with :mod:`tests.verl._cpu_support` loaded, see
+#: :func:`environment`); on GPUs none of these is needed (docs/verl.md says what differs).
+CPU_OVERRIDES = (
+    "trainer.device=cpu",
+    "trainer.n_gpus_per_node=1",
+    "trainer.nnodes=1",
+    "+ray_kwargs.ray_init.num_gpus=1",  # logical GPUs: verl's resource check counts GPUs
+    "ray_kwargs.ray_init.num_cpus=16",  # logical CPUs for verl's many small actors
+    "actor_rollout_ref.actor.strategy=fsdp2",
+    "actor_rollout_ref.actor.fsdp_config.dtype=float32",
+    "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",  # not bf16
+    "actor_rollout_ref.actor.use_torch_compile=False",
+    "actor_rollout_ref.actor.fsdp_config.use_torch_compile=False",
+    "actor_rollout_ref.model.use_remove_padding=False",  # needs flash-attn
+    "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+    "actor_rollout_ref.rollout.name=hf",  # tests/verl/_hf_rollout.py, not vLLM
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+    "actor_rollout_ref.rollout.calculate_log_probs=True",  # training/rollout_probs_diff_*
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
+    "actor_rollout_ref.rollout.agent.num_workers=1",
+    "reward.num_workers=1",
+    "data.dataloader_num_workers=0",
+    "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+)
+
+
+def overrides(paths: dict[str, Path], workdir: Path, *, v1: bool = True, loss_mode: str = "gmpo",
+              steps: int = 3) -> list[str]:  # fmt: skip
+    """The test's overrides: the user's, the smoke test's, then what CPU needs."""
+    user = user_overrides(paths, workdir, loss_mode)
+    return [*user, *smoke_overrides(steps), *CPU_OVERRIDES, f"trainer.use_v1={v1}"]
 
 
 def environment(**extra: str) -> dict[str, str]:
@@ -195,7 +208,9 @@ def environment(**extra: str) -> dict[str, str]:
     return env
 
 
-def run(workdir: Path, args: list[str], timeout: float, **env: str) -> subprocess.CompletedProcess[str]:
+def run(
+    workdir: Path, args: list[str], timeout: float, **env: str
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "verl.trainer.main_ppo", *args],
         cwd=workdir, env=environment(**env), capture_output=True, text=True, timeout=timeout,
@@ -232,21 +247,28 @@ def step_metrics(log: str) -> dict[int, dict[str, float]]:
     return steps
 
 
-def main() -> int:
-    workdir = Path(sys.argv[1]).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    v1 = "--v0" not in sys.argv[2:]
-    extra = [a for a in sys.argv[2:] if a != "--v0"]
-    paths = prepare(workdir)
-    result = run(workdir, overrides(paths, workdir, v1=v1) + extra, timeout=1200)
-    (workdir / "log.txt").write_text(result.stdout + "\n--- stderr ---\n" + result.stderr)
-    for line in step_lines(result.stdout + result.stderr):
-        print(line)
-    steps = step_metrics(result.stdout + result.stderr)
-    print(json.dumps({k: {m: v for m, v in s.items() if "actor/" in m} for k, s in steps.items()}))
-    print("exit", result.returncode, "finite", all(math.isfinite(v) for s in steps.values() for v in s.values()))
-    return result.returncode
+def main(argv: list[str]) -> int:
+    """``prepare DIR``: build the files, print their overrides; ``smoke-overrides``,
+    ``cpu-overrides``: print those; ``env``: print the environment as ``export`` lines."""
+    command = argv[0] if argv else ""
+    if command == "prepare" and len(argv) == 2:
+        workdir = Path(argv[1]).resolve()
+        workdir.mkdir(parents=True, exist_ok=True)
+        print("\n".join(user_overrides(prepare(workdir), workdir)))
+    elif command == "smoke-overrides":
+        print("\n".join(smoke_overrides(int(argv[1]) if len(argv) > 1 else 3)))
+    elif command == "cpu-overrides":
+        print("\n".join(CPU_OVERRIDES))
+    elif command == "env":
+        keys = ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "VERL_USE_EXTERNAL_MODULES", "PYTHONPATH",
+                "TOKENIZERS_PARALLELISM", "RAY_USAGE_STATS_ENABLED", "HF_HUB_OFFLINE")  # fmt: skip
+        env = environment()
+        print("\n".join(f"export {key}={shlex.quote(env[key])}" for key in keys))
+    else:
+        print(main.__doc__, file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

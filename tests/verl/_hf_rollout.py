@@ -53,7 +53,9 @@ class HFRolloutServer:
         self.max_new_tokens = int(_get(rollout_config, "response_length"))
         eos = self.model.generation_config.eos_token_id
         self.eos = set(eos if isinstance(eos, list) else [eos])
-        self.generator = torch.Generator().manual_seed(int(_get(rollout_config, "seed", 0)) + replica_rank)
+        self.generator = torch.Generator().manual_seed(
+            int(_get(rollout_config, "seed", 0)) + replica_rank
+        )
         self.lock = asyncio.Lock()
         self.syncs = 0
         self.global_steps: int | None = None
@@ -91,9 +93,13 @@ class HFRolloutServer:
             raise NotImplementedError("the hf test rollout is text-only")
         top_p, top_k = sampling_params.get("top_p", 1.0), sampling_params.get("top_k", -1)
         if top_p not in (None, 1.0) or top_k not in (None, -1, 0):
-            raise NotImplementedError(f"the hf test rollout samples with temperature only, got {sampling_params}")
+            raise NotImplementedError(
+                f"the hf test rollout samples with temperature only, got {sampling_params}"
+            )
         async with self.lock:
-            tokens, log_probs = self._sample(list(prompt_ids), float(sampling_params.get("temperature", 1.0)))
+            tokens, log_probs = self._sample(
+                list(prompt_ids), float(sampling_params.get("temperature", 1.0))
+            )
         return TokenOutput(
             token_ids=tokens,
             log_probs=log_probs,
@@ -104,8 +110,11 @@ class HFRolloutServer:
     async def update_weights(self, state: dict[str, torch.Tensor], global_steps: int | None) -> int:
         async with self.lock:
             missing, unexpected = self.model.load_state_dict(state, strict=False)
-            if unexpected or [k for k in missing if k != "lm_head.weight"]:
-                raise RuntimeError(f"hf rollout: weight names do not match: {missing=} {unexpected=}")
+            tied = self.model.config.tie_word_embeddings
+            if unexpected or [k for k in missing if not (tied and k == "lm_head.weight")]:
+                raise RuntimeError(
+                    f"hf rollout: weight names do not match: {missing=} {unexpected=}"
+                )
             self.syncs += 1
             self.global_steps = global_steps
         print(
@@ -135,7 +144,11 @@ class HFReplica(RolloutReplica):
             raise NotImplementedError("the hf test rollout runs on one node")
         server = (
             ray.remote(HFRolloutServer)
-            .options(name=_server_name(self.replica_rank), num_cpus=0, max_concurrency=self.max_concurrency)
+            .options(
+                name=_server_name(self.replica_rank),
+                num_cpus=0,
+                max_concurrency=self.max_concurrency,
+            )
             .remote(self.config, self.model_config, self.replica_rank)
         )
         self.servers = [server]
@@ -158,7 +171,9 @@ async def _aiter(weights: Iterable[Any] | AsyncIterator[Any]) -> AsyncIterator[A
 class HFServerAdapter(BaseRollout):
     """verl's rollout in the actor worker: forwards the actor's weights to the server."""
 
-    def __init__(self, config: Any, model_config: Any, device_mesh: Any = None, **kwargs: Any) -> None:
+    def __init__(
+        self, config: Any, model_config: Any, device_mesh: Any = None, **kwargs: Any
+    ) -> None:
         super().__init__(config, model_config, device_mesh)
         rank = int(os.environ.get("RANK", 0))
         world = (
