@@ -39,6 +39,14 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
     return exact + sum(c.isdigit() for c in text) / max(len(text), 1)
 '''
 PROMPT_LENGTH, RESPONSE_LENGTH = 32, 8
+#: what loss_mode=gmpo (and gmpo_dual_clip) logs every step
+GMPO_METRICS = (
+    "actor/pg_clipfrac",
+    "actor/pg_clipfrac_lower",
+    "actor/ppo_kl",
+    "actor/log_ratio_min",
+    "actor/log_ratio_max",
+)
 
 
 def build_tokenizer(path: Path) -> Any:
@@ -248,8 +256,9 @@ def step_metrics(log: str) -> dict[int, dict[str, float]]:
 
 
 def main(argv: list[str]) -> int:
-    """``prepare DIR``: build the files, print their overrides; ``smoke-overrides``,
-    ``cpu-overrides``: print those; ``env``: print the environment as ``export`` lines."""
+    """``prepare DIR``: build the files, print their overrides; ``smoke-overrides [STEPS]``,
+    ``cpu-overrides``: print those; ``env``: print the environment as ``export`` lines;
+    ``summary LOG``: gmpo's metrics from a run's log (exit 1 without them)."""
     command = argv[0] if argv else ""
     if command == "prepare" and len(argv) == 2:
         workdir = Path(argv[1]).resolve()
@@ -259,6 +268,14 @@ def main(argv: list[str]) -> int:
         print("\n".join(smoke_overrides(int(argv[1]) if len(argv) > 1 else 3)))
     elif command == "cpu-overrides":
         print("\n".join(CPU_OVERRIDES))
+    elif command == "summary" and len(argv) == 2:  # gmpo's metrics per step; 1 if missing
+        steps = step_metrics(Path(argv[1]).read_text(errors="replace"))
+        for step, metrics in sorted(steps.items()):
+            shown = {k: f"{v:.4g}" for k, v in metrics.items() if k in GMPO_METRICS}
+            print(f"step:{step}", " ".join(f"{k}:{v}" for k, v in shown.items()))
+        if not steps or not all(key in m for m in steps.values() for key in GMPO_METRICS):
+            print("no gmpo metrics in the step lines: is loss_mode=gmpo set?")
+            return 1
     elif command == "env":
         keys = ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "VERL_USE_EXTERNAL_MODULES", "PYTHONPATH",
                 "TOKENIZERS_PARALLELISM", "RAY_USAGE_STATS_ENABLED", "HF_HUB_OFFLINE")  # fmt: skip

@@ -32,15 +32,7 @@ pytestmark = [pytest.mark.verl, pytest.mark.slow]
 
 TIMEOUT = 900
 STEPS = 3
-GMPO_METRICS = (
-    "actor/pg_clipfrac",
-    "actor/pg_clipfrac_lower",
-    "actor/ppo_kl",
-    "actor/log_ratio_min",
-    "actor/log_ratio_max",
-    "actor/pg_loss",
-    "actor/grad_norm",
-)
+GMPO_METRICS = (*_e2e.GMPO_METRICS, "actor/pg_loss", "actor/grad_norm")
 # max |p_rollout - p_actor| over the step's tokens (verl's training/rollout_probs_diff_max): both
 # in float32, it is ~1e-8 when the rollout samples with the actor's weights (measured: 1.5e-8 to
 # 6e-8) and ~1e-1 when an update did not reach it
