@@ -16,6 +16,7 @@ import os
 import random
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -216,13 +217,27 @@ def environment(**extra: str) -> dict[str, str]:
     return env
 
 
-def run(
-    workdir: Path, args: list[str], timeout: float, **env: str
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+def run(workdir: Path, args: list[str], timeout: float, **env: str) -> tuple[int, str]:
+    """``python -m verl.trainer.main_ppo ARGS`` in WORKDIR -> (exit code, stdout + stderr).
+
+    In its own process group: on a timeout the driver and the Ray cluster it started (GCS,
+    raylet, workers) are killed together, and the test fails with the log so far."""
+    proc = subprocess.Popen(
         [sys.executable, "-m", "verl.trainer.main_ppo", *args],
-        cwd=workdir, env=environment(**env), capture_output=True, text=True, timeout=timeout,
+        cwd=workdir, env=environment(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
     )  # fmt: skip
+    try:
+        log, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+        return -9, f"{log}\n[timed out after {timeout} s]"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, log
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
