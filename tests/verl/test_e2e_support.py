@@ -85,3 +85,23 @@ def test_overrides_compose_into_a_gmpo_config(tmp_path: Path) -> None:
     assert actor.ppo_epochs == 2 and actor.ppo_mini_batch_size == 2
     assert config.actor_rollout_ref.rollout.name == "hf"
     assert config.trainer.use_v1 is False
+
+
+def test_cpu_support_names_the_verl_internal_that_moved() -> None:
+    """In a subprocess: importing the support registers a platform and patches verl."""
+    pytest.importorskip("verl")
+    code = (
+        "from tests.verl._cpu_support import VerlMovedError, _require\n"
+        "try:\n    _require('verl.utils.distributed', 'no_such_function')\n"
+        "except VerlMovedError as e:\n    print(e)\n"
+        "try:\n    _require('verl.no_such_module', 'x')\n"
+        "except VerlMovedError as e:\n    print(e)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+        cwd=_e2e.REPO, env=os.environ | {"PYTHONPATH": str(_e2e.REPO), "VERL_PLATFORM": "cpu"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert "verl.utils.distributed.no_such_function is gone" in lines[0]
+    assert "cannot import verl.no_such_module" in lines[1]
