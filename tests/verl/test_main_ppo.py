@@ -113,4 +113,5 @@ def test_without_the_entry_point_loss_mode_gmpo_is_unknown(
     )  # fmt: skip
     assert returncode != 0
     assert "Unsupported loss mode: gmpo" in log, _tail(log)
+    assert "in ppo_loss" in log  # the actor's loss (verl/workers/utils/losses.py), not the config
     assert not _e2e.step_lines(log)
