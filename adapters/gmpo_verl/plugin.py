@@ -3,8 +3,12 @@
 verl >= 0.9 imports it on ``import verl`` in every process (Ray workers included) and swallows
 errors, so a failure is reported here instead. Also usable as
 ``VERL_USE_EXTERNAL_MODULES=gmpo_verl.plugin`` or ``actor_rollout_ref.model.external_lib``.
+
+It also makes verl work beside trl >= 1.x in one environment (:mod:`gmpo_verl._trl_compat`).
 """
 
+from gmpo_verl import _trl_compat
 from gmpo_verl._registry import register_or_report
 
+_trl_compat.apply()
 register_or_report()

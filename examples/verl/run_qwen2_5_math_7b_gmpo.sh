@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GMPO with verl: GRPO advantages, vLLM rollout, Qwen2.5-Math-7B, GSM8K + MATH.
 #
-# NOT RUN IN CI: needs GPUs (8 x 80 GB by default), vLLM and the model weights. CI tests the same
-# loss through verl's engine on CPU (tests/verl/test_engine.py).
+# NOT RUN IN CI: needs GPUs (8 x 80 GB by default), vLLM and the model weights. CI runs verl's
+# trainer with the same loss on CPU (tests/verl/test_main_ppo.py); smoke_test_cpu.sh runs this
+# command's overrides on a laptop for a few small steps (docs/verl.md).
 #
 # Setup:
 #   pip install "gmpo[verl]" vllm               # the install registers loss_mode=gmpo

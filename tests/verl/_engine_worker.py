@@ -3,8 +3,9 @@
 
 verl's FSDP2 engine (``FSDPEngineWithLMHead``) with its real actor loss (``ppo_loss`` ->
 ``get_policy_loss_fn``), a tiny Qwen2 model built from a config (no hub), a CPU platform
-registered through ``PlatformRegistry`` and ``VERL_ENGINE_DEVICE=cuda`` (the engine registry only
-has accelerator keys). For each loss mode and micro-batch size it reports the gradient norm of
+registered through ``PlatformRegistry`` (``_cpu_support.py``) and ``VERL_ENGINE_DEVICE=cuda``
+(the engine registry only has accelerator keys). verl beside trl needs nothing here: the
+``gmpo_verl.plugin`` entry point applies ``gmpo_verl._trl_compat``. For each loss mode and micro-batch size it reports the gradient norm of
 one update of the same global batch (learning rate 0, so the model does not change), then takes
 one real step (``--lr``) and reports every row's mean log-prob before and after.
 
@@ -29,104 +30,8 @@ import torch
 
 torch.set_num_threads(1)
 
-from verl.plugin.platform.platform_base import PlatformBase  # noqa: E402
-from verl.plugin.platform.platform_manager import PlatformRegistry  # noqa: E402
-
-
-class _CPUDevice:
-    """``torch.cpu`` plus the ``torch.cuda``-style calls verl makes (memory stats, caches)."""
-
-    def __getattr__(self, name: str) -> Any:
-        if hasattr(torch.cpu, name):
-            return getattr(torch.cpu, name)
-        return lambda *args, **kwargs: 0
-
-    def mem_get_info(self, *args: Any) -> tuple[int, int]:
-        return (0, 0)
-
-
-@PlatformRegistry.register(platform="cpu")
-class CPUPlatform(PlatformBase):
-    """A CPU platform for verl's engine in tests (verl 0.9.1 registers cuda, npu and rocm only)."""
-
-    @property
-    def device_name(self) -> str:
-        return "cpu"
-
-    @property
-    def vendor_name(self) -> str:
-        return "cpu"
-
-    @property
-    def device_module(self) -> Any:
-        return _CPUDevice()
-
-    def is_available(self) -> bool:
-        return True
-
-    def current_device(self) -> Any:
-        return "cpu"  # verl moves tensors with .to(current_device())
-
-    def device_count(self) -> int:
-        return 1
-
-    def set_device(self, device_index: int) -> None:
-        pass
-
-    def synchronize(self, device_index: int | None = None) -> None:
-        pass
-
-    def manual_seed(self, seed: int) -> None:
-        torch.manual_seed(seed)
-
-    def manual_seed_all(self, seed: int) -> None:
-        torch.manual_seed(seed)
-
-    def set_allocator_settings(self, settings: str) -> None:
-        pass
-
-    def empty_cache(self) -> None:
-        pass
-
-    def get_device_capability(self, device_index: int = 0) -> tuple[None, None]:
-        return (None, None)
-
-    def communication_backend_name(self) -> str:
-        return "gloo"
-
-    def visible_devices_envvar(self) -> str:
-        return "CPU_VISIBLE_DEVICES"
-
-    def nvtx_range(self, msg: str) -> Any:
-        from contextlib import nullcontext
-
-        return nullcontext()
-
-    def profiler_start(self) -> None:
-        pass
-
-    def profiler_stop(self) -> None:
-        pass
-
-    def ray_resource_name(self) -> str:
-        return "CPU"
-
-    def ray_noset_envvars(self) -> list[str]:
-        return []
-
-    def is_ipc_supported(self) -> bool:
-        return False
-
-    def cudart(self) -> Any:
-        return None
-
-
-# verl 0.9.1 + trl 1.16: verl's model patching imports trl's value-head model when
-# trl is importable, which fails at engine init
-import verl.models.transformers.monkey_patch as _monkey_patch  # noqa: E402
-
-_monkey_patch.is_trl_available = lambda: False
-
+# verl's "cpu" platform (``_cpu_support.py``, beside this script)
+from _cpu_support import CPUPlatform  # noqa: E402, F401
 from tensordict import TensorDict  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.workers.config import (  # noqa: E402

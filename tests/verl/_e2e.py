@@ -1,0 +1,306 @@
+"""Test support for ``test_main_ppo.py``: the files a user would bring to
+``python -m verl.trainer.main_ppo`` (a tiny Qwen2 model, its tokenizer, parquet data, a reward
+function file), the CPU overrides, and a parser for the trainer's console step lines.
+
+Also a command line for ``examples/verl/smoke_test_cpu.sh``: ``python -m tests.verl._e2e
+prepare DIR | smoke-overrides | cpu-overrides | env``.
+
+The task is ``successor``'s (``gmpo_trl.toy``): the prompt is ``d=``, the answer ``d+1 mod 10``.
+The reward is dense enough (a share of digit characters besides the exact answer) that GRPO's
+advantages are not all zero on a random model.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+SUPPORT_MODULE = "tests.verl._cpu_support"
+# the tokenizer: characters, plus what verl's Qwen continuous-token builder needs ("\n" as one
+# token and <|im_end|>); a Qwen-style chat template
+SPECIALS = ("<pad>", "<|im_start|>", "<|im_end|>")
+CHARS = "\n =0123456789abcdefghijklmnopqrstuvwxyz"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+REWARD_FILE = '''\
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """1 for the right first character, plus the share of digits in the answer."""
+    text = solution_str.replace("<|im_end|>", "")
+    exact = float(text[:1] == ground_truth)
+    return exact + sum(c.isdigit() for c in text) / max(len(text), 1)
+'''
+PROMPT_LENGTH, RESPONSE_LENGTH = 32, 8
+#: what loss_mode=gmpo (and gmpo_dual_clip) logs every step
+GMPO_METRICS = (
+    "actor/pg_clipfrac",
+    "actor/pg_clipfrac_lower",
+    "actor/ppo_kl",
+    "actor/log_ratio_min",
+    "actor/log_ratio_max",
+)
+
+
+def build_tokenizer(path: Path) -> Any:
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate((*SPECIALS, *CHARS))}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token="<pad>",
+        eos_token="<|im_end|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+        padding_side="left",
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(path)
+    return tok
+
+
+def build_model(path: Path, tokenizer: Any) -> None:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(path)
+
+
+def build_data(path: Path, n: int = 32, seed: int = 0) -> None:
+    import pandas as pd
+
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        d = rng.randrange(10)
+        rows.append(
+            {
+                "data_source": "successor",
+                "prompt": [{"role": "user", "content": f"{d}="}],
+                "ability": "toy",
+                "reward_model": {"style": "rule", "ground_truth": str((d + 1) % 10)},
+                "extra_info": {"index": i},
+            }
+        )
+    pd.DataFrame(rows).to_parquet(path)
+
+
+def prepare(workdir: Path) -> dict[str, Path]:
+    """Build the model, the tokenizer (its own folder), the data and the reward file."""
+    paths = {
+        "model": workdir / "model",
+        "tokenizer": workdir / "tokenizer",
+        "data": workdir / "train.parquet",
+        "reward": workdir / "reward.py",
+    }
+    tokenizer = build_tokenizer(paths["tokenizer"])
+    build_model(paths["model"], tokenizer)
+    build_data(paths["data"])
+    paths["reward"].write_text(REWARD_FILE)
+    return paths
+
+
+def user_overrides(paths: dict[str, Path], workdir: Path, loss_mode: str = "gmpo") -> list[str]:
+    """What a user brings: GMPO's settings (as in docs/verl.md) and the files."""
+    data = str(paths["data"])
+    return [
+        "algorithm.adv_estimator=grpo",
+        f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}",
+        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+        "actor_rollout_ref.actor.clip_ratio_low=0.4",
+        "actor_rollout_ref.actor.clip_ratio_high=0.4",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.entropy_coeff=0",
+        "actor_rollout_ref.actor.optim.lr=0.02",  # a random 20k-parameter model: large steps
+        f"data.train_files=['{data}']",
+        f"data.val_files=['{data}']",
+        f"data.max_prompt_length={PROMPT_LENGTH}",
+        f"data.max_response_length={RESPONSE_LENGTH}",
+        f"actor_rollout_ref.model.path={paths['model']}",
+        f"actor_rollout_ref.model.tokenizer_path={paths['tokenizer']}",
+        f"reward.custom_reward_function.path={paths['reward']}",
+        "reward.custom_reward_function.name=compute_score",
+        f"trainer.default_local_dir={workdir / 'checkpoints'}",
+        "trainer.project_name=gmpo_e2e",
+        "trainer.experiment_name=cpu",
+    ]
+
+
+def smoke_overrides(steps: int = 3) -> list[str]:
+    """A few small, off-policy steps: 4 prompts x 4 samples, 2 mini-batches x 2 epochs per step
+    (so the clip acts), console logging, no validation, no checkpoints."""
+    return [
+        "data.train_batch_size=4",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_epochs=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+        f"trainer.total_training_steps={steps}",
+        "trainer.logger=['console']",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+    ]
+
+
+#: What verl 0.9.1 needs on a CPU (with :mod:`tests.verl._cpu_support` loaded, see
+#: :func:`environment`); on GPUs none of these is needed (docs/verl.md says what differs).
+CPU_OVERRIDES = (
+    "trainer.device=cpu",
+    "trainer.n_gpus_per_node=1",
+    "trainer.nnodes=1",
+    "+ray_kwargs.ray_init.num_gpus=1",  # logical GPUs: verl's resource check counts GPUs
+    "ray_kwargs.ray_init.num_cpus=16",  # logical CPUs for verl's many small actors
+    "actor_rollout_ref.actor.strategy=fsdp2",
+    "actor_rollout_ref.actor.fsdp_config.dtype=float32",
+    "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",  # not bf16
+    "actor_rollout_ref.actor.use_torch_compile=False",
+    "actor_rollout_ref.actor.fsdp_config.use_torch_compile=False",
+    "actor_rollout_ref.model.use_remove_padding=False",  # needs flash-attn
+    "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+    "actor_rollout_ref.rollout.name=hf",  # tests/verl/_hf_rollout.py, not vLLM
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+    "actor_rollout_ref.rollout.calculate_log_probs=True",  # training/rollout_probs_diff_*
+    "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",
+    "actor_rollout_ref.rollout.agent.num_workers=1",
+    "reward.num_workers=1",
+    "data.dataloader_num_workers=0",
+    "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+)
+
+
+def overrides(paths: dict[str, Path], workdir: Path, *, v1: bool = True, loss_mode: str = "gmpo",
+              steps: int = 3) -> list[str]:  # fmt: skip
+    """The test's overrides: the user's, the smoke test's, then what CPU needs."""
+    user = user_overrides(paths, workdir, loss_mode)
+    return [*user, *smoke_overrides(steps), *CPU_OVERRIDES, f"trainer.use_v1={v1}"]
+
+
+def environment(**extra: str) -> dict[str, str]:
+    """The trainer's environment: the CPU support in every process, no trl workaround."""
+    env = dict(os.environ)
+    env.update(
+        VERL_PLATFORM="cpu",
+        VERL_ENGINE_DEVICE="cuda",  # verl's engine registry has accelerator keys only
+        VERL_USE_EXTERNAL_MODULES=SUPPORT_MODULE,
+        PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p),
+        TOKENIZERS_PARALLELISM="false",
+        OMP_NUM_THREADS="1",
+        RAY_DEDUP_LOGS="0",
+        RAY_USAGE_STATS_ENABLED="0",
+        HF_HUB_OFFLINE="1",
+        WANDB_MODE="disabled",
+    )
+    env.update(extra)
+    return env
+
+
+def run(workdir: Path, args: list[str], timeout: float, **env: str) -> tuple[int, str]:
+    """``python -m verl.trainer.main_ppo ARGS`` in WORKDIR -> (exit code, stdout + stderr).
+
+    In its own process group: on a timeout the driver and the Ray cluster it started (GCS,
+    raylet, workers) are killed together, and the test fails with the log so far."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "verl.trainer.main_ppo", *args],
+        cwd=workdir, env=environment(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        log, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+        return -9, f"{log}\n[timed out after {timeout} s]"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, log
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_STEP = re.compile(r"^(?:\(\w+ pid=\d+\) )?(step:(\d+) - .*)$")
+_NUMPY = re.compile(r"^np\.\w+\((.*)\)$")  # the v0 trainer logs np.float64(0.1)
+
+
+def _lines(log: str) -> list[re.Match[str]]:
+    return [m for line in _ANSI.sub("", log).splitlines() if (m := _STEP.match(line.strip()))]
+
+
+def step_lines(log: str) -> list[str]:
+    """The console logger's ``step:N - key:value - ...`` lines, without Ray's prefix."""
+    return [m.group(1) for m in _lines(log)]
+
+
+def step_metrics(log: str) -> dict[int, dict[str, float]]:
+    """Step number -> its numeric metrics, from the console lines."""
+    steps: dict[int, dict[str, float]] = {}
+    for match in _lines(log):
+        metrics: dict[str, float] = {}
+        for item in match.group(1).split(" - ")[1:]:
+            key, _, value = item.partition(":")
+            value = _NUMPY.sub(r"\1", value.strip())
+            try:
+                metrics[key.strip()] = float(value)
+            except ValueError:
+                continue
+        steps[int(match.group(2))] = metrics
+    return steps
+
+
+def main(argv: list[str]) -> int:
+    """``prepare DIR``: build the files, print their overrides; ``smoke-overrides [STEPS]``,
+    ``cpu-overrides``: print those; ``env``: print the environment as ``export`` lines;
+    ``summary LOG``: gmpo's metrics from a run's log (exit 1 without them)."""
+    command = argv[0] if argv else ""
+    if command == "prepare" and len(argv) == 2:
+        workdir = Path(argv[1]).resolve()
+        workdir.mkdir(parents=True, exist_ok=True)
+        print("\n".join(user_overrides(prepare(workdir), workdir)))
+    elif command == "smoke-overrides":
+        print("\n".join(smoke_overrides(int(argv[1]) if len(argv) > 1 else 3)))
+    elif command == "cpu-overrides":
+        print("\n".join(CPU_OVERRIDES))
+    elif command == "summary" and len(argv) == 2:  # gmpo's metrics per step; 1 if missing
+        steps = step_metrics(Path(argv[1]).read_text(errors="replace"))
+        for step, metrics in sorted(steps.items()):
+            shown = {k: f"{v:.4g}" for k, v in metrics.items() if k in GMPO_METRICS}
+            print(f"step:{step}", " ".join(f"{k}:{v}" for k, v in shown.items()))
+        if not steps or not all(key in m for m in steps.values() for key in GMPO_METRICS):
+            print("no gmpo metrics in the step lines: is loss_mode=gmpo set?")
+            return 1
+    elif command == "env":
+        keys = ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "VERL_USE_EXTERNAL_MODULES", "PYTHONPATH",
+                "TOKENIZERS_PARALLELISM", "RAY_USAGE_STATS_ENABLED", "HF_HUB_OFFLINE")  # fmt: skip
+        env = environment()
+        print("\n".join(f"export {key}={shlex.quote(env[key])}" for key in keys))
+    else:
+        print(main.__doc__, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
