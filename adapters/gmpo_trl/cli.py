@@ -518,6 +518,17 @@ def clip_bounds(config: Any) -> tuple[float, float]:
     return math.log(1 - eps) if eps < 1 else -math.inf, math.log1p(high)
 
 
+def _clip_lines(ax: Any, bounds: tuple[float, float] | None) -> None:
+    """The clip range as two dashed lines, one legend entry."""
+    if bounds is None:
+        return
+    label = f"clip range [{bounds[0]:+.2f}, {bounds[1]:+.2f}]"
+    for b in bounds:
+        if math.isfinite(b):
+            ax.axhline(b, color="gray", linestyle="--", linewidth=1, label=label)
+            label = "_nolegend_"
+
+
 def _marker(n: int) -> dict[str, Any]:
     return {"marker": "o", "markersize": 3 if n <= 60 else 1.5}
 
@@ -545,12 +556,7 @@ def plot_training(
     for key, color in (("log_ratio/min", "tab:blue"), ("log_ratio/max", "tab:red")):
         steps, values = _series(rows, key)
         ax.plot(steps, values, color=color, label=key.split("/")[1], **_marker(len(steps)))
-    if bounds is not None:
-        for b, name in zip(bounds, ("clip low", "clip high"), strict=True):
-            if math.isfinite(b):
-                ax.axhline(b, color="gray", linestyle="--", linewidth=1)
-                ax.annotate(f"{name} {b:+.2f}", (0.01, b), xycoords=("axes fraction", "data"),
-                            fontsize=7, color="gray", va="bottom")  # fmt: skip
+    _clip_lines(ax, bounds)
     ax.set_title("token log-ratio range (off-policy steps)")
     ax.legend(fontsize=7)
 
@@ -624,10 +630,8 @@ def plot_compare(
             ax.plot(steps, mean, color=c, label=key.split("/")[1], **_marker(len(steps)))
             ax.fill_between(steps, [m - s for m, s in zip(mean, std, strict=True)],
                             [m + s for m, s in zip(mean, std, strict=True)], color=c, alpha=0.2)  # fmt: skip
-        for b in (bounds or {}).get(name, ()):
-            if math.isfinite(b):
-                ax.axhline(b, color="gray", linestyle="--", linewidth=1)
-        ax.set_title(f"{name}: token log-ratio range (clip range dashed)")
+        _clip_lines(ax, (bounds or {}).get(name))
+        ax.set_title(f"{name}: token log-ratio range")
         ax.set_xlabel("optimizer step (off-policy steps)")
         ax.legend(fontsize=8)
     lo = min(a.get_ylim()[0] for a in range_axes)
@@ -695,7 +699,7 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 
 COMPARE_COLUMNS = (
-    ("reward_first", "first reward"),
+    ("reward_first", "first rewards"),
     ("reward_final", "final reward"),
     ("log_ratio_min", "log-ratio min"),
     ("log_ratio_max", "log-ratio max"),
@@ -852,7 +856,9 @@ def compare(argv: Sequence[str]) -> Path:
         f"max_steps={gmpo_config.max_steps}, seeds {first_seed}..{first_seed + script.seeds - 1}"
     )
     note = (
-        f"Final reward: mean of the last {FINAL_STEPS} logged rewards of a run; log-ratio "
+        f"First rewards / final reward: mean of the first / last {FINAL_STEPS} logged rewards of a "
+        "run (a reward is logged per generation, every num_iterations x steps_per_generation "
+        "optimizer steps); log-ratio "
         "min/max: the extremes of r = logp - old_logp over the run's off-policy steps; mean "
         "step width: the mean over those steps of (max - min); mean ± sample std over seeds."
     )
