@@ -691,7 +691,11 @@ def summary_line(what: str, s: dict[str, Any]) -> str:
 
 def _write_summary(out: Path, s: dict[str, Any], line: str) -> None:
     (out / "summary.json").write_text(json.dumps(s, indent=1) + "\n")
-    (out / "summary.md").write_text(line + "\n")
+    rows = [
+        f"| {k} | {v:.6g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in s.items()
+    ]
+    table = "\n".join(["| quantity | value |", "|---|---:|", *rows])
+    (out / "summary.md").write_text(f"{line}\n\n{table}\n")
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
