@@ -193,6 +193,7 @@ def short_help(command: str) -> str:
     for name, (metavar, default, text) in COMMON_TRL_OPTIONS.items():
         if name == "output_dir":
             default = f"gmpo_{command}_output"
+        default = _COMMAND_DEFAULTS.get(command, {}).get(name, default)
         add(trl, name, metavar, default, text)
     help_group = parser.add_argument_group("help")
     help_group.add_argument("-h", "--help", action="store_true", help="This message.")
