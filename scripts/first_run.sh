@@ -27,7 +27,9 @@ step() {  # step NAME COMMAND...: run, time, keep the last lines of its output
   "$@" > "$work/out" 2>&1
   t1=$(date +%s.%N)
   secs[$name]=$(python3 -c "print(f'{$t1 - $t0:.1f}')")
-  { echo "\$ $*    # ${secs[$name]} s"; tail -n 3 "$work/out"; echo; } >> "$log"
+  # progress bars redraw with carriage returns: keep their last state
+  { echo "\$ $*    # ${secs[$name]} s"; tr '\r' '\n' < "$work/out" | grep -v '^ *$' | tail -n 3
+    echo; } >> "$log"
 }
 step setup make setup
 step train make train
