@@ -9,6 +9,8 @@ STAMP := $(VENV)/.installed
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
+	@echo "make setup: installing the tested versions into $(VENV) (the first time: minutes, quietly;"
+	@echo "            see README.md, 'The first run installs first')"
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,trl,verl]"
