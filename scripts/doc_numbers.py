@@ -43,7 +43,8 @@ class Page:
     results: tuple[str, ...]
     #: number as the page writes it (commas dropped, "−" as "-") -> why it is not measured
     exempt: dict[str, str] = field(default_factory=dict)
-    #: every image the page shows -> the `make figures` step that draws it
+    #: every image the page shows -> the Makefile target (a prerequisite of `figures`) whose
+    #: recipe, or a script it runs, writes it
     figures: dict[str, str] = field(default_factory=dict)
 
 
@@ -76,10 +77,7 @@ PAGES: dict[str, Page] = {
             "1.16.x": "the tested TRL release",
             "3.0": "TRL's default vllm_importance_sampling_cap",
         },
-        figures={
-            "img/trl_train.png": "figures-trl: gmpo train",
-            "img/trl_compare.png": "figures-trl: gmpo compare --seeds 5",
-        },
+        figures={"img/trl_train.png": "figures-trl", "img/trl_compare.png": "figures-trl"},
     ),
     "docs/lm_head.md": Page(
         results=_LM_HEAD_RESULTS,
@@ -91,8 +89,8 @@ PAGES: dict[str, Page] = {
             "32768": "a setting: TRL's vocabulary chunk as GRPOTrainer calls its head",
         },
         figures={
-            "img/lm_head_memory.png": "figures-lm-head: bench_lm_head.py",
-            "img/lm_head_time.png": "figures-lm-head: bench_lm_head.py",
+            "img/lm_head_memory.png": "figures-lm-head",
+            "img/lm_head_time.png": "figures-lm-head",
         },
     ),
 }
@@ -158,6 +156,29 @@ def result_values(patterns: tuple[str, ...]) -> list[float]:
     return values
 
 
+def make_recipe(target: str, makefile: str) -> tuple[list[str], str]:
+    """(prerequisites, recipe text) of a Makefile target."""
+    m = re.search(rf"^{re.escape(target)}:([^\n=]*)\n((?:\t.*\n?)*)", makefile, re.M)
+    if m is None:
+        return [], ""
+    return m.group(1).split(), m.group(2)
+
+
+def figure_problem(name: str, image: str, target: str) -> str | None:
+    """Why `make figures` would not redraw ``image`` through ``target`` (None: it does)."""
+    makefile = (ROOT / "Makefile").read_text()
+    if target not in make_recipe("figures", makefile)[0]:
+        return f"{name}: {image}: {target} is not a prerequisite of `make figures`"
+    recipe = make_recipe(target, makefile)[1]
+    texts = [recipe]
+    for script in re.findall(r"[\w./-]+\.(?:py|sh)\b", recipe):
+        if (ROOT / script).is_file():
+            texts.append((ROOT / script).read_text())
+    if not any(Path(image).name in t for t in texts):
+        return f"{name}: {image}: neither `make {target}` nor a script it runs writes it"
+    return None
+
+
 def check_page(name: str, page: Page, text: str | None = None) -> list[str]:
     """What is wrong with one page: numbers no results file holds, stale exemptions, missing
     results files, images without a figure step."""
@@ -182,6 +203,8 @@ def check_page(name: str, page: Page, text: str | None = None) -> list[str]:
     for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text):
         if image not in page.figures:
             problems.append(f"{name}: image {image} is drawn by no `make figures` step in PAGES")
+        elif (problem := figure_problem(name, image, page.figures[image])) is not None:
+            problems.append(problem)
     return problems
 
 

@@ -74,3 +74,21 @@ def test_a_missing_results_file_is_reported(tmp_path, monkeypatch) -> None:
     (tmp_path / "page.md").write_text("text\n")
     problems = doc_numbers.check_page("page.md", doc_numbers.Page(results=("nope/*.json",)))
     assert problems == ["page.md: no results file matches 'nope/*.json'"]
+
+
+def test_a_figure_must_be_redrawn_by_make_figures(tmp_path, monkeypatch) -> None:
+    makefile = (
+        "figures: figures-a\n\n"
+        "figures-a: setup\n\tpython draw.py\n\tcp out.png docs/img/a.png\n\n"
+        "figures-b:\n\techo b\n"
+    )
+    (tmp_path / "Makefile").write_text(makefile)
+    (tmp_path / "draw.py").write_text("savefig('docs/img/c.png')\n")
+    page = "![a](img/a.png) ![b](img/b.png) ![c](img/c.png) ![d](img/d.png)\n"
+    figures = {"img/a.png": "figures-a", "img/b.png": "figures-b", "img/c.png": "figures-a",
+               "img/d.png": "figures-a"}  # fmt: skip
+    problems = _check(page, "", tmp_path, monkeypatch, figures=figures)
+    assert problems == [
+        "page.md: img/b.png: figures-b is not a prerequisite of `make figures`",
+        "page.md: img/d.png: neither `make figures-a` nor a script it runs writes it",
+    ]
