@@ -116,7 +116,7 @@ _RESULT_NUMBER = re.compile(r"[-−+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE
 def prose(text: str) -> str:
     """The page without what holds no quoted measurement (see the module docstring)."""
     for pattern in (_FENCE, _HTML_COMMENT, _INLINE_CODE, _LINK_TARGET, _NOT_NUMBERS):
-        text = pattern.sub(" ", text)
+        text = pattern.sub(lambda m: "\n" * m.group(0).count("\n") or " ", text)  # lines kept
     return text
 
 

@@ -54,6 +54,13 @@ def test_rounding_is_at_the_written_precision(tmp_path, monkeypatch) -> None:
     assert len(_check(bad, results, tmp_path, monkeypatch)) == 5
 
 
+def test_reports_name_the_line(tmp_path, monkeypatch) -> None:
+    page = "text\n```\ncode 1.5\nmore 2.5\n```\nthen 3.75 s\n"
+    assert _check(page, "", tmp_path, monkeypatch) == [
+        "page.md:6: 3.75 is in no results file of the page"
+    ]
+
+
 def test_what_is_not_a_measured_number(tmp_path, monkeypatch) -> None:
     page = (
         "Measured 2026-11-29 20:56 UTC with torch 2.13.0+cpu on 2 threads of Qwen2.5-Math-1.5B "
