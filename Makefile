@@ -4,11 +4,13 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test lint docs bench
+.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head first-run check-numbers
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
+	@echo "make setup: installing the tested versions into $(VENV) (the first time: minutes, quietly;"
+	@echo "            see README.md, 'The first run installs first')"
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,trl,verl]"
@@ -31,5 +33,43 @@ lint: setup
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
+## the docs site at http://127.0.0.1:8000 (what `mkdocs serve` would be with the .venv's mkdocs)
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
 bench: setup
 	$(BIN)/python benchmarks/bench_loss.py
+
+## every measured number and figure that README.md, docs/trl.md and docs/lm_head.md quote:
+## results/ (gmpo train, gmpo compare --seeds 5, the first-run cost), benchmarks/results/ (the
+## LM-head benchmarks) and docs/img/; about 70 minutes on two cores. Each step is a target of
+## its own; add a page's commands as a new figures-* target and list it here.
+## `make check-numbers` (and tests/test_doc_numbers.py) checks the pages against the results.
+figures: figures-trl figures-lm-head first-run
+
+SEEDS ?= 5
+figures-trl: setup
+	rm -rf runs/figures
+	$(BIN)/gmpo train --output_dir runs/figures/train
+	$(BIN)/gmpo compare --seeds $(SEEDS) --output_dir runs/figures/compare
+	mkdir -p results
+	cp runs/figures/train/summary.json results/train.json
+	cp runs/figures/train/summary.md results/train.md
+	cp runs/figures/compare/summary.json results/compare_seeds$(SEEDS).json
+	cp runs/figures/compare/summary.md results/compare_seeds$(SEEDS).md
+	cp runs/figures/train/metrics.png docs/img/trl_train.png
+	cp runs/figures/compare/compare.png docs/img/trl_compare.png
+
+figures-lm-head: setup
+	$(BIN)/python benchmarks/bench_lm_head.py --repeats 3 --sweep-repeats 2
+	$(BIN)/python benchmarks/bench_lm_head.py --outputs logp+entropy --tokens 4096 --repeats 2 \
+		--tag cpu_entropy
+	$(BIN)/python benchmarks/bench_trainer_step.py
+
+## the README's first-run cost: a fresh clone, `make train` (which runs `make setup`), timed;
+## results/first_run.md. COLD=1 gives pip an empty download cache (downloads everything).
+first-run:
+	scripts/first_run.sh
+
+check-numbers:
+	$(PY) scripts/doc_numbers.py

@@ -1,4 +1,4 @@
-"""GMPO on a toy verifiable task, with nothing but torch and gmpo_core (CPU, well under a minute).
+"""GMPO on a toy verifiable task, with nothing but torch and gmpo_core (CPU, seconds).
 
 Task: given a digit d, write d, d+1, d, d+1, d (mod 10). The reward is the fraction of correct
 digits, so it is verifiable and starts near 0.1 for a random policy. The
@@ -8,7 +8,8 @@ batch, so from the second update on the log-ratio is not 0 and the trust region 
 
     python examples/core_demo.py --steps 60 --seed 0
 
-This is the project's main job until the TRL adapter's ``gmpo train`` lands.
+The project's main job is ``make train`` (``gmpo train``: TRL's GRPOTrainer with gmpo_core's
+loss on a tiny model); this script is the same loop written out with torch and gmpo_core alone.
 """
 
 from __future__ import annotations

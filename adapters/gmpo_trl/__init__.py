@@ -4,13 +4,18 @@
 GMPO math is :func:`gmpo_core.gmpo_loss`, and which honours or refuses every GRPOConfig field
 (``gmpo_trl.fields.FIELDS``). Importing it warns once when the installed TRL is outside the
 tested range.
+
+``GMPOConfig`` and ``GMPOTrainer`` are imported on first use (they import TRL's trainer stack,
+transformers and torch, several seconds): ``import gmpo_trl`` and the ``gmpo --help`` that
+depends on it stay fast.
 """
 
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING, Any
 
-import trl
+import trl  # its top level is lazy: only the version is read here
 
 from gmpo_trl.fields import TESTED_TRL
 
@@ -20,7 +25,20 @@ if not trl.__version__.startswith(TESTED_TRL + "."):
         stacklevel=2,
     )
 
-from gmpo_trl.config import GMPOConfig
-from gmpo_trl.trainer import GMPOTrainer
+if TYPE_CHECKING:
+    from gmpo_trl.config import GMPOConfig
+    from gmpo_trl.trainer import GMPOTrainer
 
 __all__ = ["GMPOConfig", "GMPOTrainer"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GMPOConfig":
+        from gmpo_trl.config import GMPOConfig
+
+        return GMPOConfig
+    if name == "GMPOTrainer":
+        from gmpo_trl.trainer import GMPOTrainer
+
+        return GMPOTrainer
+    raise AttributeError(f"module 'gmpo_trl' has no attribute {name!r}")

@@ -10,8 +10,8 @@ from trl import GRPOConfig
 
 RECIPES = "docs/recipes.md"
 
-# Fields whose non-default value only matters for another loss_type (docs/trl.md: none is silently
-# dropped): a user-set value is refused.
+# Fields whose non-default value only matters for another loss_type (none is silently dropped):
+# a user-set value is refused.
 _OTHER_LOSS_FIELDS = (
     "sapo_temperature_neg",
     "sapo_temperature_pos",
@@ -39,9 +39,12 @@ class GMPOConfig(GRPOConfig):
       value is refused (GMPO's aggregation is its geometric mean). The paper's ablations are
       recipes in ``docs/recipes.md``.
     - ``use_bias_correction_kl`` defaults to False (GRPOConfig: True); True is refused, and so are
-      non-default ``sapo_*`` / ``vespo_*`` values are refused.
+      non-default ``sapo_*`` / ``vespo_*`` values.
     - ``gmpo_impl``: which ``gmpo_core`` path computes the loss: ``"plain"`` (default) or
       ``"compiled"`` (opt-in; TRL's ``torch_compile`` does not turn it on).
+    - ``gmpo_lm_head`` (default True): tokens are scored by :func:`gmpo_core.token_logprobs`
+      instead of TRL's chunked LM head, for every scoring pass; where it does not apply (a logit
+      soft-cap, extra kernel outputs) TRL's head is used and a warning says so once.
     """
 
     epsilon: float = field(
@@ -88,11 +91,12 @@ class GMPOConfig(GRPOConfig):
         },
     )
     gmpo_lm_head: bool = field(
-        default=False,
+        default=True,
         metadata={
-            "help": "Score tokens with gmpo_core.token_logprobs instead of TRL's chunked LM head "
-            "(far less memory for the head's backward; see docs/lm_head.md). Off by default "
-            "until it is measured faster and leaner inside the trainer step on a GPU too."
+            "help": "Score tokens with gmpo_core.token_logprobs instead of TRL's chunked LM head: "
+            "inside the trainer step it took 0.33x the time and 0.08x the peak memory of TRL's "
+            "head (docs/lm_head.md). Where it does not apply (a logit soft-cap, extra kernel "
+            "outputs) TRL's head is used, with one warning."
         },
     )
 

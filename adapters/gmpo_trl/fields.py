@@ -76,7 +76,7 @@ FIELDS: dict[str, tuple[Tag, str]] = {
         "GRPOTrainer.get_off_policy_mask drops rows from the policy term (KL keeps them)",
     ),
     "use_vllm": (_H, "with the IS correction: vLLM ratios are gmpo_core's is_weights"),
-    "vllm_importance_sampling_correction": (_H, "ratios passed as is_weights (semantics.md S7)"),
+    "vllm_importance_sampling_correction": (_H, "ratios passed as gmpo_core's is_weights"),
     "vllm_importance_sampling_mode": (
         _H,
         "sequence_*: a row weight; token_truncate: geometric mean over the row; token_mask: "

@@ -6,14 +6,16 @@ chunk_size, final_logit_softcapping, logit_scale, outputs)``. :func:`lm_head_swa
 :class:`TokenLogProbHead` in that place for the duration of a call: same arguments, same five
 outputs, log-probs and entropies from ``gmpo_core`` (chunks over tokens, a recomputing backward,
 never the (N, V) logits). What ``gmpo_core`` does not compute (a logit soft-cap, or the extra
-fields ``log_sum_sq_probs``, ``mean_logits``, ``is_top1``) goes to TRL's own head unchanged.
+fields ``log_sum_sq_probs``, ``mean_logits``, ``is_top1``) goes to TRL's own head unchanged, and
+a warning says so once per reason and process.
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import trl.trainer.utils as trl_utils
 from torch import Tensor
@@ -27,6 +29,7 @@ class TokenLogProbHead:
     """Stands where TRL's ``ChunkedLogProbFunction`` stands, with its ``apply`` signature."""
 
     fallback: Any = None  # TRL's class, set by lm_head_swapped
+    warned: ClassVar[set[str]] = set()  # fallback reasons already reported
 
     @classmethod
     def apply(
@@ -35,6 +38,18 @@ class TokenLogProbHead:
         outputs: tuple[str, ...],
     ) -> tuple[Tensor | None, ...]:  # fmt: skip
         if softcap is not None or not set(outputs) <= _OURS:
+            reason = (
+                f"a logit soft-cap ({softcap})"
+                if softcap is not None
+                else f"outputs {sorted(set(outputs) - _OURS)}"
+            )
+            if reason not in cls.warned:
+                cls.warned.add(reason)
+                warnings.warn(
+                    f"gmpo_lm_head: gmpo_core.token_logprobs does not compute {reason}; "
+                    "TRL's LM head scores these tokens",
+                    stacklevel=2,
+                )
             return cls.fallback.apply(  # type: ignore[no-any-return]
                 hidden, weight, bias, labels, temperature, chunk_size, softcap, logit_scale,
                 outputs,

@@ -25,7 +25,14 @@ def test_train_toy_default(tmp_path, capsys):
         assert key in rows[0]
     assert (tmp_path / "metrics.png").read_bytes().startswith(PNG)
     assert (tmp_path / "final" / "config.json").exists()
-    assert "gmpo train: 3 steps; reward" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    # step 1 is on-policy (a fresh generation: r = 0), steps 2 and 3 are not
+    assert (summary["optimizer_steps"], summary["logged_rows"], summary["off_policy_rows"]) == (
+        3,
+        3,
+        2,
+    )
+    assert "gmpo train: 3 optimizer steps (3 logged); reward" in capsys.readouterr().out
 
 
 def test_yaml_config_and_command_line_precedence(tmp_path):
@@ -55,39 +62,44 @@ def test_reward_and_dataset_options(tmp_path, monkeypatch):
     assert [r["reward"] for r in read_metrics(out / "metrics.jsonl")] == [1.0, 1.0]
 
 
-def test_compare(tmp_path, capsys):
-    assert main(["compare", "--output_dir", str(tmp_path), "--max_steps", "4"]) == 0
-    assert (tmp_path / "compare.png").read_bytes().startswith(PNG)
-    for name in ("grpo", "gmpo"):
-        rows = read_metrics(tmp_path / name / "metrics.jsonl")
-        assert len(rows) == 4 and "log_ratio/max" in rows[-1]
-        # num_iterations=2 by default: the second pass over each batch is off-policy
-        assert max(r["log_ratio/max"] - r["log_ratio/min"] for r in rows) > 0
-    out = capsys.readouterr().out
-    assert "gmpo compare (GRPO)" in out and "gmpo compare (GMPO)" in out
-
-
 @pytest.mark.parametrize(
     ("argv", "match"),
     [
         (["frobnicate"], "unknown command 'frobnicate'"),
         (["train", "--no_such_option", "1"], "unrecognized arguments: --no_such_option"),
+        (["train", "--grpo_epsilon", "0.1"], "unrecognized arguments: --grpo_epsilon"),
+        (["train", "--seeds", "3"], "unrecognized arguments: --seeds"),
         (["train", "--max_steps", "many"], "max_steps"),
         (["train", "--loss_type", "dapo"], "loss_type='dapo' has no meaning for GMPO"),
         (["train", "--epsilon", "-1"], "epsilon must be a finite log-space bound > 0"),
-        (["train", "--reward", "nocolon"], "expected module:function"),
-        (["train", "--reward", "json:nope"], "json has no function 'nope'"),
-        (["train", "--reward", "no_such_module_xyz:f"], "cannot import"),
-        (["train", "--dataset", "README.txt"], "--dataset"),
+        (["train", "--reward", "nocolon"], "'nocolon': not module:function; give module:function"),
+        (["train", "--reward", "json:nope"], "module json has no function 'nope'; give module:"),
+        (["train", "--reward", "no_such_module_xyz:f"],
+         "'no_such_module_xyz:f': no module 'no_such_module_xyz' found; give module:function, "
+         "the module in the current directory or on PYTHONPATH"),
+        (["train", "--dataset", "README.txt"], "not a .json/.jsonl/.csv/.parquet file; give a hub"),
+        (["train", "--dataset", "/no/such/prompts.jsonl"],
+         "--dataset '/no/such/prompts.jsonl': no such file or directory; give a hub id, a local "
+         "directory, or a .json/.jsonl/.csv/.parquet file with a 'prompt' column"),
+        (["train", "--dataset", "prompts.jsonl"], "--dataset 'prompts.jsonl': no such file"),
+        (["train", "--model", "/nonexistent/model"],
+         "--model '/nonexistent/model': no such directory; give a local model directory (with "
+         "config.json, as save_pretrained writes it) or a hub id such as Qwen/Qwen2.5-Math-1.5B"),
+        (["train", "--model", "./models/mine"], "--model './models/mine': no such directory"),
+        (["train", "--model", "a/b/c"], "--model 'a/b/c': no such directory"),
+        (["train", "--model", "README.txt"], "'README.txt': not a model directory (no config.json)"),
+        (["compare", "--model", "/nonexistent/model"], "--model '/nonexistent/model': no such"),
+        (["compare", "--seeds", "0"], "--seeds must be at least 1, got 0"),
+        (["train", "--config", "no_such.yaml"], "--config: no such file 'no_such.yaml'"),
     ],
-)
-def test_bad_arguments_get_one_line(tmp_path, capsys, argv, match):
-    if argv[-1] == "README.txt":
-        (tmp_path / "README.txt").write_text("x")
-        argv = [*argv[:-1], str(tmp_path / "README.txt")]
+)  # fmt: skip
+def test_bad_arguments_get_one_line(tmp_path, capsys, monkeypatch, argv, match):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "README.txt").write_text("x")
     assert main([*argv, "--output_dir", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("gmpo") and match in err[0], err
+    assert not (tmp_path / "out").exists()  # refused before any work
 
 
 def test_console_script_error_has_no_traceback(tmp_path):
@@ -112,3 +124,218 @@ def test_use_vllm_without_vllm_is_one_line(tmp_path, capsys):
     assert main(["train", "--use_vllm", "true", "--output_dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "vLLM is not available" in err[0]
+
+
+# --------------------------------------------------------------------------------------------
+# help
+# --------------------------------------------------------------------------------------------
+
+
+def _help(command: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    """``gmpo <command> --help`` in a fresh interpreter, failing if it imported the heavy stack."""
+    code = (
+        "import sys; from gmpo_trl.cli import main; rc = main(sys.argv[1:]); "
+        "heavy = [m for m in ('torch', 'transformers', 'trl.trainer', 'datasets') "
+        "if m in sys.modules]; "
+        "assert not heavy, heavy; raise SystemExit(rc)"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, command, "--help", *extra],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("command", ["train", "compare"])
+def test_help_is_short_and_imports_no_trl_trainer(command):
+    proc = _help(command)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert len(text.splitlines()) < 120
+    for option in ("--model", "--dataset", "--reward", "--output_dir", "--learning_rate",
+                   "--max_steps", "--per_device_train_batch_size", "--num_generations",
+                   "--bf16", "--use_cpu", "--epsilon", "--gmpo_lm_head", "--help-all"):  # fmt: skip
+        assert option in text, option
+    # a --model run's default first, the toy run's value marked as such
+    assert "Default: 1e-06. [toy: 0.005]" in " ".join(text.split())
+    assert ("--grpo_epsilon" in text) == ("--seeds" in text) == (command == "compare")
+
+
+def test_help_defaults_are_gmpoconfigs():
+    """What --help says a --model run gets is GMPOConfig's default (read without TRL)."""
+    import dataclasses
+
+    from gmpo_trl import GMPOConfig
+    from gmpo_trl.cli import COMMON_TRL_OPTIONS, GMPO_OPTIONS, gmpo_field_help
+
+    declared = {f.name: f for f in dataclasses.fields(GMPOConfig)}
+    for name, (_, default, _) in COMMON_TRL_OPTIONS.items():
+        if default is not None:  # None: the help says what decides it
+            assert declared[name].default == default, name
+    # bf16 and use_cpu: decided at run time (test_no_accelerator_means_cpu)
+    assert declared["bf16"].default is None and declared["use_cpu"].default is False
+    parsed = gmpo_field_help()
+    for name in GMPO_OPTIONS:
+        default, text = parsed[name]
+        assert (default, text) == (declared[name].default, declared[name].metadata["help"])
+    assert declared["gmpo_lm_head"].default is True
+
+
+def test_help_all_lists_every_option(capsys):
+    import dataclasses
+
+    from gmpo_trl import GMPOConfig
+
+    assert main(["train", "--help-all"]) == 0
+    text = capsys.readouterr().out
+    missing = [f.name for f in dataclasses.fields(GMPOConfig) if f"--{f.name}" not in text]
+    assert missing == []
+
+
+# --------------------------------------------------------------------------------------------
+# a local model on CPU, no flags
+# --------------------------------------------------------------------------------------------
+
+
+def test_no_accelerator_means_cpu(tmp_path, capsys):
+    """With --model and no GPU: use_cpu and no bf16 without a flag (GRPOConfig would refuse
+    bf16 on a CPU); the run trains a local model directory."""
+    from gmpo_trl import GMPOConfig, toy
+    from gmpo_trl.cli import _parse, has_accelerator
+
+    if has_accelerator():
+        pytest.skip("an accelerator is present")
+    model_dir = tmp_path / "model"
+    tokenizer = toy.char_tokenizer()
+    toy.tiny_model(tokenizer, seed=0).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    _, config = _parse("train", ["--model", str(model_dir), "--output_dir", str(tmp_path)],
+                       GMPOConfig)  # fmt: skip
+    assert (config.use_cpu, config.bf16, config.learning_rate) == (True, False, 1e-6)
+    _, config = _parse("train", ["--model", str(model_dir), "--bf16", "true"], GMPOConfig)
+    assert config.bf16 is True  # the user's value wins
+    out = tmp_path / "out"
+    argv = ["train", "--model", str(model_dir), "--output_dir", str(out), "--max_steps", "2",
+            "--max_completion_length", "2", "--logging_steps", "1", "--gmpo_impl", "eager"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    assert len(read_metrics(out / "metrics.jsonl")) == 2
+    assert (out / "final" / "config.json").exists()
+
+
+def test_summary_counts_optimizer_steps_not_logged_rows(tmp_path, capsys):
+    argv = ["train", "--output_dir", str(tmp_path), "--max_steps", "5", "--logging_steps", "5"]
+    assert main(argv) == 0
+    assert len(read_metrics(tmp_path / "metrics.jsonl")) == 1
+    assert "gmpo train: 5 optimizer steps (1 logged)" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------------------------
+# summaries and plots
+# --------------------------------------------------------------------------------------------
+
+
+def test_log_ratio_range_skips_on_policy_steps():
+    from gmpo_trl.cli import has_range, run_summary
+
+    rows = [
+        {"step": 1, "reward": 0.1, "log_ratio/min": 0.0, "log_ratio/max": 0.0},
+        {"step": 2, "log_ratio/min": -0.5, "log_ratio/max": 0.25},
+        {"step": 3, "log_ratio/min": -0.125, "log_ratio/max": 0.75},
+        {"step": 4, "reward": 0.3, "log_ratio/min": 0.0, "log_ratio/max": 0.0},
+    ]
+    assert [has_range(r) for r in rows] == [False, True, True, False]
+    s = run_summary(rows, global_step=8)
+    assert (s["optimizer_steps"], s["logged_rows"], s["off_policy_rows"]) == (8, 4, 2)
+    assert (s["log_ratio_min"], s["log_ratio_max"]) == (-0.5, 0.75)
+    assert s["log_ratio_width_mean"] == (0.75 + 0.875) / 2
+    assert (s["reward_first"], s["reward_final"], s["reward_window"]) == (0.1, 0.3, 1)
+
+
+def _capture_figure(monkeypatch):
+    import matplotlib.figure
+
+    figures = []
+
+    def savefig(fig, *args, **kwargs):  # type: ignore[no-untyped-def]
+        figures.append(fig)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    return figures
+
+
+def test_training_plot_markers_clip_lines_and_clip_series(tmp_path, monkeypatch):
+    from gmpo_trl.cli import plot_training
+
+    figures = _capture_figure(monkeypatch)
+    rows = [{"step": 1, "reward": 0.5, "log_ratio/min": -0.3, "log_ratio/max": 0.2,
+             "clip_ratio/low_mean": 0.1, "clip_ratio/high_mean": 0.0,
+             "clip_ratio/region_mean": 0.1, "entropy": 2.0}]  # fmt: skip
+    plot_training(rows, tmp_path / "p.png", bounds=(-0.4, 0.5))
+    reward, ratio, clip, entropy = figures[0].axes
+    for ax in (reward, entropy):  # one point is visible: a marker
+        (line,) = ax.get_lines()
+        assert line.get_marker() == "o" and len(line.get_xdata()) == 1
+    dashed = sorted(ln.get_ydata()[0] for ln in ratio.get_lines() if ln.get_linestyle() == "--")
+    assert dashed == [-0.4, 0.5]
+    series = {ln.get_label(): ln for ln in clip.get_lines()}
+    region, low = series["region (low + high)"], series["low_mean"]
+    # region = low here: low stays visible, drawn thinner, on top, with its own marker and color
+    assert list(region.get_ydata()) == list(low.get_ydata())
+    assert low.get_zorder() >= region.get_zorder() and low.get_linewidth() < region.get_linewidth()
+    assert low.get_marker() not in ("None", "", None) and low.get_color() != region.get_color()
+
+
+def test_compare_plot_mean_and_spread(tmp_path, monkeypatch):
+    from matplotlib.collections import PolyCollection
+
+    from gmpo_trl.cli import plot_compare
+
+    figures = _capture_figure(monkeypatch)
+
+    def run(shift):  # type: ignore[no-untyped-def]
+        return [{"step": s, "reward": 0.1 * s + shift, "log_ratio/min": -s - shift,
+                 "log_ratio/max": s + shift} for s in (1, 2, 3)]  # fmt: skip
+
+    runs = {"GRPO": [run(0.0), run(0.2)], "GMPO": [run(0.0), run(0.4)]}
+    plot_compare(runs, tmp_path / "c.png", {"GRPO": (-0.2, 0.18), "GMPO": (-0.4, 0.4)})
+    reward_ax = figures[0].axes[0]
+    means = {ln.get_label(): list(ln.get_ydata()) for ln in reward_ax.get_lines()}
+    assert means["GMPO"] == pytest.approx([0.3, 0.4, 0.5])
+    bands = [c for c in reward_ax.collections if isinstance(c, PolyCollection)]
+    assert len(bands) == 2  # one spread band per method
+    assert figures[0].axes[1].get_ylim() == figures[0].axes[2].get_ylim()  # shared y
+
+
+# --------------------------------------------------------------------------------------------
+# compare: seeds, options passed through
+# --------------------------------------------------------------------------------------------
+
+
+def test_strip_options_removes_gmpo_only_options():
+    from gmpo_trl.cli import gmpo_only_options, strip_options
+
+    only = gmpo_only_options()
+    assert only == {"gmpo_impl": False, "gmpo_lm_head": True}
+    argv = ["--gmpo_lm_head", "--max_steps", "3", "--gmpo_impl", "eager", "--gmpo_lm_head=false",
+            "--gmpo_lm_head", "True", "--beta", "0.1"]  # fmt: skip
+    assert strip_options(argv, only) == ["--max_steps", "3", "--beta", "0.1"]
+
+
+def test_compare_seeds_and_gmpo_options(tmp_path, capsys):
+    argv = ["compare", "--output_dir", str(tmp_path), "--max_steps", "4", "--seeds", "2",
+            "--gmpo_lm_head", "false", "--gmpo_impl", "eager"]  # fmt: skip
+    assert main(argv) == 0
+    assert (tmp_path / "compare.png").read_bytes().startswith(PNG)
+    for name in ("grpo", "gmpo"):
+        for seed in (0, 1):
+            rows = read_metrics(tmp_path / name / f"seed{seed}" / "metrics.jsonl")
+            assert len(rows) == 4 and "log_ratio/max" in rows[-1]
+            # num_iterations=2 by default: the second pass over each batch is off-policy
+            assert max(r["log_ratio/max"] - r["log_ratio/min"] for r in rows) > 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    finals = summary["aggregate"]["GMPO"]["reward_final"]
+    assert len(finals["values"]) == 2
+    assert finals["mean"] == pytest.approx(sum(finals["values"]) / 2)
+    assert [r["seed"] for r in summary["runs"]["GRPO"]] == [0, 1]
+    out = capsys.readouterr().out
+    assert "| GMPO | 2 |" in out and " ± " in out
+    assert "gmpo compare (GRPO, seed 1)" in out and "gmpo compare (GMPO, seed 1)" in out

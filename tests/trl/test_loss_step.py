@@ -443,7 +443,7 @@ def test_gmpo_lm_head_matches_trls_chunked_head(tmp_path):
         calls.append(kwargs.get("compute_entropy"))
         return original(*args, **kwargs)
 
-    trl_head = make_trainer(tmp_path, beta=0.04, entropy_coef=0.01)
+    trl_head = make_trainer(tmp_path, beta=0.04, entropy_coef=0.01, gmpo_lm_head=False)
     ours = make_trainer(tmp_path, beta=0.04, entropy_coef=0.01, gmpo_lm_head=True)
     inputs = make_inputs(trl_head, drift=0.5, ref_drift=0.3, empty_row=True, zero_advantage=True)
     loss, grad = loss_and_grad(trl_head, inputs)
