@@ -19,7 +19,7 @@ Two variants, each in its own FRESH subprocess (``--variants``):
   ``gmpo_core.lm_head.token_logprobs`` in that place (``gmpo_trl.lm_head``).
 
 Everything else is identical: same seed, same initial weights, same batch, same loss
-(``--gmpo-impl``, default ``eager``, for both; the loss is milliseconds against the head's
+(``--gmpo-impl``, default ``plain``, for both; the loss is milliseconds against the head's
 seconds). On CPU TRL's forward scores every position of every row (B·(P + T − 1) tokens, prompt
 and padding included, labels clamped), and it hands the same tokens to either head.
 

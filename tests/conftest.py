@@ -37,5 +37,5 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 
 @pytest.fixture(params=["plain", "compiled"], scope="session")
 def impl(request: pytest.FixtureRequest) -> str:
-    """Every property runs against both the eager and the fused, compiled path."""
+    """Every property runs against both paths: plain (the default) and compiled."""
     return str(request.param)

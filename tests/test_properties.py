@@ -1,7 +1,6 @@
 """Property tests of gmpo_loss against the independent float64 reference (docs/semantics.md).
 
-Every property runs on both implementations (``impl`` fixture: the eager building blocks and the
-fused, compiled path).
+Every property runs on both paths (``impl`` fixture: "plain" and "compiled").
 """
 
 from __future__ import annotations

@@ -239,7 +239,6 @@ def _toy_defaults(output_dir: str) -> dict[str, Any]:
     return toy.toy_args(
         output_dir,
         disable_tqdm=False,
-        gmpo_impl="eager",  # compiling the fused path does not pay off at this size on a CPU
         # two optimizer steps per generation, two passes over each batch: updates are off-policy,
         # so the trust region acts and the log-ratio plot shows something (on-policy, r = 0)
         num_iterations=2,

@@ -215,7 +215,7 @@ def test_no_accelerator_means_cpu(tmp_path, capsys):
     assert config.bf16 is True  # the user's value wins
     out = tmp_path / "out"
     argv = ["train", "--model", str(model_dir), "--output_dir", str(out), "--max_steps", "2",
-            "--max_completion_length", "2", "--logging_steps", "1", "--gmpo_impl", "eager"]  # fmt: skip
+            "--max_completion_length", "2", "--logging_steps", "1", "--gmpo_impl", "plain"]  # fmt: skip
     assert main(argv) == 0, capsys.readouterr().err
     assert len(read_metrics(out / "metrics.jsonl")) == 2
     assert (out / "final" / "config.json").exists()
@@ -315,14 +315,14 @@ def test_strip_options_removes_gmpo_only_options():
 
     only = gmpo_only_options()
     assert only == {"gmpo_impl": False, "gmpo_lm_head": True}
-    argv = ["--gmpo_lm_head", "--max_steps", "3", "--gmpo_impl", "eager", "--gmpo_lm_head=false",
+    argv = ["--gmpo_lm_head", "--max_steps", "3", "--gmpo_impl", "plain", "--gmpo_lm_head=false",
             "--gmpo_lm_head", "True", "--beta", "0.1"]  # fmt: skip
     assert strip_options(argv, only) == ["--max_steps", "3", "--beta", "0.1"]
 
 
 def test_compare_seeds_and_gmpo_options(tmp_path, capsys):
     argv = ["compare", "--output_dir", str(tmp_path), "--max_steps", "4", "--seeds", "2",
-            "--gmpo_lm_head", "false", "--gmpo_impl", "eager"]  # fmt: skip
+            "--gmpo_lm_head", "false", "--gmpo_impl", "plain"]  # fmt: skip
     assert main(argv) == 0
     assert (tmp_path / "compare.png").read_bytes().startswith(PNG)
     for name in ("grpo", "gmpo"):

@@ -407,7 +407,7 @@ def test_gmpo_trainer_is_a_grpo_trainer():
     assert "_compute_loss" in GMPOTrainer.__dict__
 
 
-def test_compiled_path_matches_eager(tmp_path):
+def test_compiled_path_matches_plain(tmp_path):
     """gmpo_impl="compiled" (the opt-in torch.compile path)."""
     eager = make_trainer(tmp_path)
     compiled = make_trainer(tmp_path, gmpo_impl="compiled")
