@@ -9,14 +9,17 @@ Four things, in one run:
 
 * **time per call**: the median of repeated forward+backward calls on the same inputs, after
   warm-up calls (compilation excluded), the implementations taking turns call by call so that
-  drift hits them alike; at (2, 16) it is each implementation's per-call overhead.
+  drift hits them alike; at (2, 16) it is each implementation's per-call overhead. With one
+  torch thread (``--threads 1``, the default) the clock is the thread's CPU time, which other
+  processes on the same cores do not inflate; with more threads it is wall time.
 * **peak extra memory** of one call, in a fresh subprocess per (implementation, shape): its
   resident high-water mark over the inputs (the gradient of ``logp`` counts).
 * **compile time**: the first call of ``impl="compiled"`` in a fresh process with an empty
   Inductor cache, for float32, bf16 and with the KL term.
 * **break-even**: a new user's loop, sequence lengths changing every step (200 calls, B in
-  8..32, T in 50..2000), in a fresh process per path with an empty Inductor cache: the total
-  time of each path, and after how many calls compiling pays for itself.
+  8..32, T in 50..2000, one thread), in a fresh process per path with an empty Inductor cache:
+  the first call's wall time (compilation), the CPU time of the other calls, and after how many
+  calls compiling pays for itself.
 
 Rows: ``gmpo plain`` / ``gmpo compiled`` (``gmpo_loss(impl=...)``, its metrics built), ``TRL``
 (TRL 1.16.0's loss and metric lines, transcribed in ``_hosts.py``), ``verl`` (verl's own
@@ -129,13 +132,15 @@ def time_shape(shape: tuple[int, int], impls: list[str], repeats: int) -> dict[s
             step()
     times: dict[str, list[float]] = {impl: [] for impl in impls}
     sync = torch.cuda.synchronize if DEVICE.type == "cuda" else (lambda: None)
+    cpu_clock = DEVICE.type == "cpu" and torch.get_num_threads() == 1
+    clock = time.thread_time if cpu_clock else time.perf_counter
     for _ in range(repeats):
         for impl, step in steps.items():
             sync()
-            t0 = time.perf_counter()
+            t0 = clock()
             step()
             sync()
-            times[impl].append((time.perf_counter() - t0) * 1e3)
+            times[impl].append((clock() - t0) * 1e3)
     return {impl: statistics.median(t) for impl, t in times.items()}
 
 
@@ -165,41 +170,42 @@ import random, sys, time, torch
 sys.path.insert(0, "benchmarks")
 import bench_loss as b
 from gmpo_core import gmpo_loss
-torch.manual_seed(0)
+torch.set_num_threads(1)
 rng = random.Random(0)
 dtype = getattr(torch, sys.argv[2]); kl = sys.argv[3] == "kl"
-start = time.perf_counter(); first = None
+first, rest = None, 0.0
 for i in range(int(sys.argv[4])):
     x = b.make_inputs(rng.randint(8, 32), rng.randint(50, 2000), seed=i, dtype=dtype)
     kw = {"beta": 0.04, "ref_logp": x["old_logp"] - 0.1} if kl else {}
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     gmpo_loss(**x, impl=sys.argv[1], **kw).loss.backward()
     if first is None:
         first = time.perf_counter() - t0
-print(first, time.perf_counter() - start)
+    else:
+        rest += time.thread_time() - c0
+print(first, rest)
 """
 
 
 def cold_loop(impl: str, dtype: str, kl: bool, calls: int) -> tuple[float, float]:
-    """(first call s, total s) of ``calls`` calls with changing shapes, in a fresh process with
-    an empty Inductor cache."""
+    """A new user's loop in a fresh process with an empty Inductor cache: the first call's wall
+    time (compilation included) and the CPU time of the other calls (one thread)."""
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
         argv = [sys.executable, "-c", _LOOP, impl, dtype, "kl" if kl else "-", str(calls)]
         out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
-    first, total = (float(v) for v in out.stdout.split()[-2:])
-    return first, total
+    first, rest = (float(v) for v in out.stdout.split()[-2:])
+    return first, rest
 
 
 def break_even(calls: int) -> list[dict[str, Any]]:
     rows = []
     for dtype, kl in (("float32", False), ("bfloat16", False), ("float32", True)):
-        plain_first, plain_total = cold_loop("plain", dtype, kl, calls)
-        comp_first, comp_total = cold_loop("compiled", dtype, kl, calls)
-        # per-call time after the first call; compiling pays after compile_s / saving calls
-        plain_call = (plain_total - plain_first) / (calls - 1)
-        comp_call = (comp_total - comp_first) / (calls - 1)
-        saving = plain_call - comp_call
+        plain_first, plain_rest = cold_loop("plain", dtype, kl, calls)
+        comp_first, comp_rest = cold_loop("compiled", dtype, kl, calls)
+        plain_call, comp_call = plain_rest / (calls - 1), comp_rest / (calls - 1)
+        plain_total, comp_total = plain_first + plain_rest, comp_first + comp_rest
+        saving = plain_call - comp_call  # compiling pays after (extra first call) / saving calls
         rows.append({
             "dtype": dtype, "kl": kl, "calls": calls,
             "plain_total_s": plain_total, "compiled_total_s": comp_total,
@@ -212,7 +218,8 @@ def break_even(calls: int) -> list[dict[str, Any]]:
 
 
 def report(result: dict[str, Any]) -> str:
-    lines = ["# GMPO loss: forward+backward on CPU", "", *environment(result), ""]
+    clock = "thread CPU time" if result.get("clock") == "cpu" else "wall time"
+    lines = ["# GMPO loss: forward+backward", "", *environment(result), f"- clock: {clock}", ""]
     shapes = [tuple(s) for s in result["shapes"]]
     lines += ["| median ms per call | " + " | ".join(f"{b}×{t}" for b, t in shapes) + " |"]
     lines += ["|---" * (len(shapes) + 1) + "|"]
@@ -262,7 +269,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--shapes", help="comma-separated BxT, e.g. 64x2048,256x4096")
     p.add_argument("--impls", default=",".join(IMPLS), help="comma-separated rows to run")
     p.add_argument("--tag", default="cpu", help="results file: benchmarks/results/loss_<tag>.*")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1: CPU-time clock)")
     args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
     global DEVICE
     DEVICE = torch.device(args.device)
     allocator = steady_malloc()
@@ -275,6 +284,7 @@ def main(argv: list[str] | None = None) -> None:
         "allocator": allocator,
     }
     result["impls"], result["shapes"] = impls, [list(s) for s in shapes]
+    result["clock"] = "cpu" if DEVICE.type == "cpu" and args.threads == 1 else "wall"
     result["time_ms"] = {}
     for shape in shapes:
         result["time_ms"][f"{shape[0]}x{shape[1]}"] = time_shape(
