@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head first-run check-numbers
+.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl first-run check-numbers
 
 setup: $(STAMP)
 
@@ -45,7 +45,7 @@ bench: setup
 ## LM-head benchmarks) and docs/img/; about 70 minutes on two cores. Each step is a target of
 ## its own; add a page's commands as a new figures-* target and list it here.
 ## `make check-numbers` (and tests/test_doc_numbers.py) checks the pages against the results.
-figures: figures-trl figures-lm-head first-run
+figures: figures-trl figures-lm-head figures-verl first-run
 
 SEEDS ?= 5
 figures-trl: setup
@@ -65,6 +65,12 @@ figures-lm-head: setup
 	$(BIN)/python benchmarks/bench_lm_head.py --outputs logp+entropy --tokens 4096 --repeats 2 \
 		--tag cpu_entropy
 	$(BIN)/python benchmarks/bench_trainer_step.py
+
+## docs/verl.md's numbers: verl's trainer on CPU (3 steps of the v1 trainer with loss_mode=gmpo,
+## 3 of use_v1=False with gmpo_dual_clip) and the FSDP2 engine's grad norms (torchrun, 1 and 2
+## processes); results/verl_cpu.md and .json, the logs in runs/figures-verl. Minutes.
+figures-verl: setup
+	$(BIN)/python scripts/verl_cpu.py
 
 ## the README's first-run cost: a fresh clone, `make train` (which runs `make setup`), timed;
 ## results/first_run.md. COLD=1 gives pip an empty download cache (downloads everything).

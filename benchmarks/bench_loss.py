@@ -44,6 +44,7 @@ import torch
 from _common import (
     MALLOC_ENV,
     RESULTS_DIR,
+    command_line,
     environment,
     proc_status_kib,
     reset_peak_rss,
@@ -271,6 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tag", default="cpu", help="results file: benchmarks/results/loss_<tag>.*")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: CPU-time clock)")
     args = p.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
     torch.set_num_threads(args.threads)
     global DEVICE
     DEVICE = torch.device(args.device)
@@ -280,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
         shapes = tuple(tuple(int(v) for v in s.split("x")) for s in args.shapes.split(","))  # type: ignore[misc]
     impls = args.impls.split(",")
     result: dict[str, Any] = {
-        "argv": sys.argv[1:] if argv is None else argv,
+        "command": command_line(__file__, argv),
         "allocator": allocator,
     }
     result["impls"], result["shapes"] = impls, [list(s) for s in shapes]
