@@ -50,11 +50,11 @@ class ClipStats(NamedTuple):
 def sums(stats: ClipStats, kl_sum: Tensor | None = None) -> Tensor:
     """What is summed across processes: ``[tokens, clipped low, high, dual, kl_sum]`` (0 where
     absent). Shape: (5,) float64 (exact counts far beyond float32's 2^24)."""
-    zero = stats.num_tokens.new_zeros(())
+    zero = stats.num_tokens.new_zeros((), dtype=torch.float64)
     dual = zero if stats.num_clipped_dual is None else stats.num_clipped_dual
-    kl = zero if kl_sum is None else kl_sum.detach()
-    parts = (stats.num_tokens, stats.num_clipped_low, stats.num_clipped_high, dual, kl)
-    return torch.stack([p.to(torch.float64) for p in parts])
+    kl = zero if kl_sum is None else kl_sum.detach().to(torch.float64)
+    # one float64 part makes the stack float64 (type promotion): one kernel, counts exact
+    return torch.stack((stats.num_tokens, stats.num_clipped_low, stats.num_clipped_high, dual, kl))
 
 
 def minima(stats: ClipStats) -> Tensor:
@@ -62,11 +62,14 @@ def minima(stats: ClipStats) -> Tensor:
     -row_clip_high_max]``. Shape: (4,), the statistics' float dtype."""
     parts = (
         stats.log_ratio_min,
-        -stats.log_ratio_max,
+        stats.log_ratio_max,
         stats.row_clip_low_min,
-        -stats.row_clip_high_max,
+        stats.row_clip_high_max,
     )
-    return torch.stack([p.to(stats.log_ratio_min.dtype) for p in parts]).detach()
+    return (torch.stack(parts) * _MIN_SIGNS.to(stats.log_ratio_min.dtype)).detach()
+
+
+_MIN_SIGNS = torch.tensor([1.0, -1.0, 1.0, -1.0])  # maxima stored negated
 
 
 def metrics(sums: Tensor, minima: Tensor, dual: bool, kl: bool = False) -> dict[str, Tensor]:
@@ -74,22 +77,22 @@ def metrics(sums: Tensor, minima: Tensor, dual: bool, kl: bool = False) -> dict[
     dtype. Fractions are 0 and extrema NaN when there is no valid token; ``clip_ratio/dual_mean``
     only with a dual clip and ``kl`` (token mean of k3) only when ``kl``."""
     dt = minima.dtype
-    num, low, high, n_dual, kl_sum = (s.to(dt) for s in sums.unbind())
-    n = num.clamp(min=1)
-    has = num > 0
-    nan = torch.full_like(n, float("nan"))
-    lr_min, neg_lr_max, row_low, neg_row_high = minima.unbind()
+    num = sums[0]
+    fractions = (sums[1:] / num.clamp(min=1)).to(dt)  # (4,) low, high, dual, kl
+    extrema = torch.where(num > 0, minima, float("nan"))  # (4,) maxima negated
+    low, high, dual_mean, kl_mean = fractions.unbind()
+    lr_min, neg_lr_max, row_low, neg_row_high = extrema.unbind()
     out = {
-        "clip_ratio/low_mean": low / n,
-        "clip_ratio/high_mean": high / n,
-        "clip_ratio/region_mean": (low + high) / n,
-        "clip_ratio/low_min": torch.where(has, row_low, nan),
-        "clip_ratio/high_max": torch.where(has, -neg_row_high, nan),
-        "log_ratio/min": torch.where(has, lr_min, nan),
-        "log_ratio/max": torch.where(has, -neg_lr_max, nan),
+        "clip_ratio/low_mean": low,
+        "clip_ratio/high_mean": high,
+        "clip_ratio/region_mean": low + high,
+        "clip_ratio/low_min": row_low,
+        "clip_ratio/high_max": -neg_row_high,
+        "log_ratio/min": lr_min,
+        "log_ratio/max": -neg_lr_max,
     }
     if dual:
-        out["clip_ratio/dual_mean"] = n_dual / n
+        out["clip_ratio/dual_mean"] = dual_mean
     if kl:
-        out["kl"] = kl_sum / n
+        out["kl"] = kl_mean
     return out
