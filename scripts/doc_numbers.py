@@ -93,6 +93,21 @@ PAGES: dict[str, Page] = {
             "img/lm_head_time.png": "figures-lm-head",
         },
     ),
+    "docs/verl.md": Page(
+        results=("results/verl_cpu.md",),
+        exempt={
+            "0.9": "the tested verl release series (verl >= 0.9, the 0.9 engine)",
+            "0.9.x": "the tested verl release series",
+            "0.2": "hyper-parameter: verl's default clip_ratio",
+            "0.4": "hyper-parameter: GMPO's clip epsilon (the paper's)",
+            "3.0": "verl's default clip_ratio_c",
+            "10": "a constant of verl: its low_var_kl clamp (±10)",
+            "1e-10": "a constant of verl's geo_mean: log(1e-10) for a zero rollout weight",
+            "1.x": "trl's release series",
+            "1e-5": "a threshold of tests/verl/test_main_ppo.py (rollout vs actor probabilities)",
+            "0.02": "hyper-parameter: the CPU runs' learning rate (tests/verl/_e2e.py)",
+        },
+    ),
 }
 
 _FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
