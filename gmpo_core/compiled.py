@@ -41,6 +41,13 @@ def _serialized(b: _math.Batch, h: _math.Hyper, with_grad: bool) -> _math.Forwar
         return compiled_forward()(b, h, with_grad)
 
 
+def worth_compiling(logp: Tensor, advantages: Tensor) -> bool:
+    """False for a batch with one row or one token per row: torch.compile specializes sizes 0
+    and 1, so such a call would cost a compilation of its own for nothing to gain; it runs the
+    same function uncompiled."""
+    return bool(min(*logp.shape, *advantages.shape) > 1)
+
+
 def hyper_tensors(h: _math.Hyper, like: Tensor) -> _math.Hyper:
     """The hyper-parameters as 0-d tensors in the compute dtype on ``like``'s device."""
     dual = h.log_dual is not None

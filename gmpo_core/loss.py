@@ -117,7 +117,7 @@ def gmpo_loss(
     if torch.compiler.is_compiling():  # inside a user's torch.compile: trace the math
         fw = _math.forward(b, h)
         return GMPOOutput(fw.loss, fw.per_sequence_loss, fw.log_coef, fw.stats, fw.kl_sum)
-    if impl == "compiled":
+    if impl == "compiled" and compiled.worth_compiling(logp, advantages):
         kernel, h = compiled.kernel(), compiled.hyper_tensors(h, logp)
     else:
         kernel = _math.forward

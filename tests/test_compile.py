@@ -29,14 +29,14 @@ def _inputs(b: int, t: int, seed: int = 0, dtype: torch.dtype = torch.float32) -
 
 
 def test_compiled_forward_compiles_once_across_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """dynamic=True: one graph serves every (B, T) (sizes 0 and 1 aside); fullgraph=True turns
-    any graph break into an error."""
+    """dynamic=True: one graph serves every (B, T); a batch with a size 1 runs uncompiled (it
+    would be specialized); fullgraph=True turns any graph break into an error."""
     counter = CompileCounter()
     fresh = functools.cache(
         lambda: torch.compile(_math.forward, dynamic=True, fullgraph=True, backend=counter)
     )
     monkeypatch.setattr(compiled, "compiled_forward", fresh)
-    for b, t in ((3, 5), (4, 17), (9, 64), (2, 300), (16, 33)):
+    for b, t in ((3, 5), (4, 17), (1, 9), (9, 64), (5, 1), (2, 300), (16, 33)):
         x = _inputs(b, t)
         out = gmpo_loss(**x, impl="compiled", epsilon_high=0.28)
         out.loss.backward()
