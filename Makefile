@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl first-run check-numbers
+.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench first-run check-numbers
 
 setup: $(STAMP)
 
@@ -40,12 +40,13 @@ docs-serve: setup
 bench: setup
 	$(BIN)/python benchmarks/bench_loss.py
 
-## every measured number and figure that README.md, docs/trl.md and docs/lm_head.md quote:
+## every measured number and figure that README.md, docs/trl.md, docs/lm_head.md, docs/verl.md
+## and docs/benchmarks.md quote:
 ## results/ (gmpo train, gmpo compare --seeds 5, the first-run cost), benchmarks/results/ (the
 ## LM-head benchmarks) and docs/img/; about 70 minutes on two cores. Each step is a target of
 ## its own; add a page's commands as a new figures-* target and list it here.
 ## `make check-numbers` (and tests/test_doc_numbers.py) checks the pages against the results.
-figures: figures-trl figures-lm-head figures-verl first-run
+figures: figures-trl figures-lm-head figures-verl figures-bench first-run
 
 SEEDS ?= 5
 figures-trl: setup
@@ -71,6 +72,11 @@ figures-lm-head: setup
 ## processes); results/verl_cpu.md and .json, the logs in runs/figures-verl. Minutes.
 figures-verl: setup
 	$(BIN)/python scripts/verl_cpu.py
+
+## docs/benchmarks.md's numbers: the loss benchmark (time per call against TRL's and verl's
+## GMPO, memory, compile time and break-even); benchmarks/results/loss_cpu.md and .json. Minutes.
+figures-bench: setup
+	$(BIN)/python benchmarks/bench_loss.py
 
 ## the README's first-run cost: a fresh clone, `make train` (which runs `make setup`), timed;
 ## results/first_run.md. COLD=1 gives pip an empty download cache (downloads everything).

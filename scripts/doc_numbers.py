@@ -108,6 +108,22 @@ PAGES: dict[str, Page] = {
             "0.02": "hyper-parameter: the CPU runs' learning rate (tests/verl/_e2e.py)",
         },
     ),
+    "docs/benchmarks.md": Page(
+        results=("benchmarks/results/loss_cpu.md",),
+        exempt={
+            "0.4": "hyper-parameter: GMPO's clip epsilon (the paper's)",
+            "0.2": "the inputs' spread: old_logp = logp + N(0, 0.2)",
+            "1.16.0": "the tested TRL release",
+            "0.9.1": "the tested verl release",
+            "32": "a setting: glibc's mmap threshold in MiB",
+            "30": "a setting: timed calls per shape",
+            "200": "a setting: calls of the break-even loop",
+            "50": "a setting: the break-even loop's shortest T",
+            "2000": "a setting: the break-even loop's longest T",
+            "199": "a setting: the break-even loop's calls after the first",
+            "20": "the inputs: about 20 % of rows run to T",
+        },
+    ),
 }
 
 _FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
