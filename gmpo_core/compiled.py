@@ -1,6 +1,6 @@
 """``impl="compiled"``: the math layer's forward under ``torch.compile``, public API only.
 
-:func:`gmpo_core._math.forward` is compiled with ``torch.compile(dynamic=True, fullgraph=True)``
+:func:`gmpo_core._math.forward` is compiled with ``torch.compile(dynamic=True)``
 (a new (B, T) does not recompile) and runs inside the same ``torch.autograd.Function`` as the
 plain path, whose backward scales the gradient the forward wrote. Hyper-parameters enter as
 0-d tensors built on each call, so new values never recompile and nothing is cached across calls.
@@ -27,8 +27,12 @@ _LOCK = threading.Lock()
 
 @functools.cache
 def compiled_forward() -> Callable[[_math.Batch, _math.Hyper, bool], _math.Forward]:
-    """:func:`gmpo_core._math.forward` under ``torch.compile`` (created on first use)."""
-    return torch.compile(_math.forward, dynamic=True, fullgraph=True)
+    """:func:`gmpo_core._math.forward` under ``torch.compile`` (created on first use). Not
+    ``fullgraph``: the function has no graph break (tests/test_compile.py compiles it with
+    ``fullgraph=True``), but past torch's recompile limit (8 input signatures of one function
+    in a process by default) a ``fullgraph`` function raises, where this one runs uncompiled,
+    with torch's warning."""
+    return torch.compile(_math.forward, dynamic=True)
 
 
 def kernel() -> Callable[[_math.Batch, _math.Hyper, bool], _math.Forward]:
