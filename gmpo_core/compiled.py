@@ -1,8 +1,11 @@
 """``impl="compiled"``: the math layer's forward under ``torch.compile``, public API only.
 
 :func:`gmpo_core._math.forward` is compiled with ``torch.compile(dynamic=True, fullgraph=True)``
-(a new (B, T) does not recompile) and runs inside the same ``torch.autograd.Function`` as the
-plain path, whose backward scales the gradient the forward wrote. Hyper-parameters enter as
+(a new (B, T) or N does not recompile; packed input and a process group are inputs of the same
+function, the group's collectives traced into its graph), entered through one code object per
+structure of the inputs (:func:`compiled_variant`), and runs inside the same
+``torch.autograd.Function`` as the plain path, whose backward scales the gradient the forward
+wrote. Hyper-parameters enter as
 0-d tensors built on each call, so new values never recompile and nothing is cached across calls.
 The compiled function is created once, on first use; a failing call raises and changes nothing
 for the next one. The first call of each input signature (dtypes, devices, which optional inputs
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import types
 from collections.abc import Callable
 
 import torch
@@ -26,19 +30,63 @@ _LOCK = threading.Lock()
 
 
 @functools.cache
-def compiled_forward() -> Callable[[_math.Batch, _math.Hyper, bool], _math.Forward]:
+def compiled_forward() -> Callable[
+    [_math.Batch, _math.Hyper, bool, _math.Across | None], _math.Forward
+]:
     """:func:`gmpo_core._math.forward` under ``torch.compile`` (created on first use)."""
     return torch.compile(_math.forward, dynamic=True, fullgraph=True)
 
 
-def kernel() -> Callable[[_math.Batch, _math.Hyper, bool], _math.Forward]:
+def structure(b: _math.Batch, h: _math.Hyper, across: _math.Across | None) -> tuple[str, ...]:
+    """Which optional inputs a call has, and its dtype where not float32: () for the plainest
+    call. Each structure is compiled as an entry point of its own (:func:`compiled_variant`)."""
+    parts = {
+        "packed": b.cu_seqlens is not None,
+        "kl": b.ref_logp is not None,
+        "token_weights": b.w_tok is not None,
+        "row_weights": b.w_row is not None,
+        "dual_clip": h.log_dual is not None,
+        "group": across is not None,
+    }
+    key = tuple(name for name, present in parts.items() if present)
+    dtype = b.logp.dtype
+    return key if dtype == torch.float32 else (*key, str(dtype).removeprefix("torch."))
+
+
+def _entry(
+    b: _math.Batch, h: _math.Hyper, with_grad: bool, across: _math.Across | None = None
+) -> _math.Forward:
+    return _math.forward(b, h, with_grad, across)
+
+
+@functools.cache
+def compiled_variant(
+    key: tuple[str, ...],
+) -> Callable[[_math.Batch, _math.Hyper, bool, _math.Across | None], _math.Forward]:
+    """:func:`gmpo_core._math.forward` under ``torch.compile``, entered through a code object of
+    its own for the structure ``key`` (created on first use). Dynamo counts recompilations
+    per code object, and every input signature (structure, dtype, and sizes 0 and 1, which it
+    specializes) is one: with a single entry point, a program that uses many structures
+    exhausts ``recompile_limit`` (8 by default, then ``fullgraph=True`` raises). Per structure,
+    only sizes and ``with_grad`` vary."""
+    name = "forward_" + "_".join(key)
+    fn = types.FunctionType(_entry.__code__.replace(co_name=name), _entry.__globals__, name)
+    fn.__defaults__ = _entry.__defaults__
+    return torch.compile(fn, dynamic=True, fullgraph=True)
+
+
+def kernel() -> Callable[[_math.Batch, _math.Hyper, bool, _math.Across | None], _math.Forward]:
     """The compiled forward, one call at a time across threads."""
     return _serialized
 
 
-def _serialized(b: _math.Batch, h: _math.Hyper, with_grad: bool) -> _math.Forward:
+def _serialized(
+    b: _math.Batch, h: _math.Hyper, with_grad: bool, across: _math.Across | None = None
+) -> _math.Forward:
+    key = structure(b, h, across)
     with _LOCK:
-        return compiled_forward()(b, h, with_grad)
+        fn = compiled_forward() if not key else compiled_variant(key)
+        return fn(b, h, with_grad, across)
 
 
 def hyper_tensors(h: _math.Hyper, like: Tensor) -> _math.Hyper:

@@ -22,7 +22,8 @@ from tests._helpers import (
     valid_log_ratio,
     well_conditioned,
 )
-from tests.strategies import Batch, batches, garbage
+from tests._packed import packed_to_torch, ref_packed, run_packed
+from tests.strategies import Batch, PackedBatch, batches, garbage, pack, packed_batches
 
 METRIC_KEYS = {
     "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
@@ -375,3 +376,83 @@ def test_valid_log_ratio_helper_excludes_masked() -> None:
     b = Batch(np.zeros((1, 2), np.float32), np.array([[1.0, 2.0]], np.float32), np.ones(1, np.float32),
               np.array([[True, False]]), {"epsilon": 0.4})  # fmt: skip
     assert valid_log_ratio(b).tolist() == [-1.0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Packed sequences (cu_seqlens): the padded call's result on the same rows
+# ---------------------------------------------------------------------------------------------
+
+
+@given(packed_batches())
+@example(  # empty segments first, in the middle and last; a hole; a row weight
+    pack(
+        Batch(
+            logp=np.array([[-1.0, -2.0], [-0.5, -1.0], [-2.0, -0.1], [-1.0, -1.0]], np.float32),
+            old_logp=np.array([[-1.5, -1.0], [-0.5, -3.5], [-1.0, -1.0], [-1.0, -1.0]], np.float32),
+            advantages=np.array([1.0, -1.0, 0.5, -2.0], np.float32),
+            mask=np.array([[1, 1], [1, 0], [1, 1], [1, 1]], bool),
+            kwargs={"epsilon": 0.4, "is_weights": np.array([0.5, 1.0, 2.0, 1.5], np.float32)},
+        ),
+        np.array([0, 2, 0, 1]),
+    )
+)
+def test_packed_matches_reference(impl: str, batch: PackedBatch) -> None:
+    """Values, gradient and metrics of a packed call equal the float64 reference's on the same
+    rows, for any segment lengths (empty segments are empty rows)."""
+    assume(well_conditioned(batch.padded))
+    out, grad = run_packed(batch, impl)
+    exp = ref_packed(batch)
+    scale = _scale(exp.per_sequence_loss)
+    assert out.per_sequence_loss.shape == out.log_coef.shape == batch.advantages.shape
+    assert grad.shape == batch.logp.shape
+    assert_close(out.per_sequence_loss, exp.per_sequence_loss, torch.float32, "value", scale)
+    assert_close(out.loss, exp.loss, torch.float32, "value", scale)
+    assert_close(out.log_coef, exp.log_coef, torch.float32, "value", 10.0)
+    assert_close(grad, exp.grad_logp, torch.float32, "grad", scale)
+    _assert_metrics_match(out, exp, batch.padded)
+
+
+@given(packed_batches(), st.data())
+def test_packed_equals_padded(impl: str, batch: PackedBatch, data: st.DataObject) -> None:
+    """packed == padded on the same rows: loss, per_sequence_loss, log_coef, the gradient of a
+    random combination of all three, and every metric (float32 sums in another order). The
+    padded call runs on the plain path (the compiled one equals it, tested above)."""
+    padded = to_torch(batch.padded)
+    packed = packed_to_torch(batch)
+    s = len(batch.advantages)
+    g = [torch.tensor(data.draw(st.lists(st.floats(-2, 2, width=32), min_size=n, max_size=n)),
+                      dtype=torch.float32).reshape(shape)
+         for n, shape in ((1, ()), (s, (s,)), (s, (s,)))]  # fmt: skip
+    results = []
+    for args, path in ((padded, "plain"), (packed, impl)):
+        out = gmpo_loss(**args, impl=path)
+        (grad,) = torch.autograd.grad((out.loss, out.per_sequence_loss, out.log_coef),
+                                      args["logp"], g)  # fmt: skip
+        results.append((out, grad))
+    (pad_out, pad_grad), (pk_out, pk_grad) = results
+    scale = float(max(1.0, pad_out.per_sequence_loss.abs().max().item()))
+    assert_close(pk_out.loss, pad_out.loss, torch.float32, "value", scale)
+    assert_close(pk_out.per_sequence_loss, pad_out.per_sequence_loss, torch.float32, "value", scale)
+    assert_close(pk_out.log_coef, pad_out.log_coef, torch.float32, "value", 10.0)
+    keep = np.arange(batch.padded.shape[1])[None, :] < np.diff(batch.cu_seqlens)[:, None]
+    assert_close(pk_grad, pad_grad[torch.tensor(keep)], torch.float32, "grad", 4 * scale * s)
+    assert pk_out.metrics.keys() == pad_out.metrics.keys()
+    for k, v in pad_out.metrics.items():
+        torch.testing.assert_close(
+            pk_out.metrics[k], v, rtol=1e-5, atol=1e-6, equal_nan=True, msg=k
+        )
+    for field in ("num_tokens", "num_clipped_low", "num_clipped_high", "num_clipped_dual"):
+        assert getattr(pk_out.stats, field) == getattr(pad_out.stats, field), field
+
+
+@given(packed_batches(), garbage())
+def test_packed_ignores_masked_tokens(impl: str, batch: PackedBatch, junk: float) -> None:
+    """NaN, inf or huge values at masked packed tokens change nothing; their gradient is 0."""
+    dirty = np.where(batch.mask, batch.logp, np.float32(junk)).astype(np.float32)
+    old = np.where(batch.mask, batch.old_logp, np.float32(-junk)).astype(np.float32)
+    out, grad = run_packed(batch, impl)
+    out_d, grad_d = run_packed(PackedBatch(dirty, old, batch.advantages, batch.mask,
+                                           batch.cu_seqlens, batch.kwargs, batch.padded), impl)  # fmt: skip
+    assert torch.equal(out_d.per_sequence_loss, out.per_sequence_loss)
+    assert torch.equal(grad_d, grad)
+    assert torch.equal(grad_d[torch.tensor(~batch.mask)], torch.zeros(int((~batch.mask).sum())))
