@@ -237,37 +237,39 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
     mf = as_float(valid, dt)  # (B, T) 0/1
     r = torch.where(valid, logp - b.old_logp.to(dt), 0)  # (B, T), exactly 0 at invalid positions
     sgn, q, cq = sign_space(r, adv, h, seg)  # (B,), (B, T), (B, T): cq is 0 where r is
-    # s = -1 where the clamp cut q at eps, +1 at the dual cap, 0 elsewhere (invalid tokens too)
-    s = torch.sign(cq.detach() - q.detach())  # (B, T)
-    a = s.abs()
-    parts = [row_sum(cq, seg), row_sum(mf, seg), row_sum(a, seg), row_sum(s, seg)]  # (B,) each
+    sums = {"cq": row_sum(cq, seg), "n": row_sum(mf, seg)}  # (B,) each
     if b.w_tok is not None:  # per-token weights enter as their geometric mean (S7)
-        parts.append(row_sum(torch.where(valid, torch.log(b.w_tok.to(dt)), 0), seg))
+        sums["log_w"] = row_sum(torch.where(valid, torch.log(b.w_tok.to(dt)), 0), seg)
     em1 = None
     if b.ref_logp is not None:  # the k3 estimator expm1(d) - d, d = ref - logp (S3)
         k, em1 = k3(logp, b.ref_logp.to(dt), valid)  # (B, T) each
-        parts.append(row_sum(k, seg))
+        sums["kl"] = row_sum(k, seg)
+    # s = -1 where the clamp cut q at eps, +1 at the dual cap, 0 elsewhere (invalid tokens too)
+    s = torch.sign(cq.detach() - q.detach())  # (B, T)
+    a = s.abs()
+    sums["cut"], sums["signed"] = row_sum(a, seg), row_sum(s, seg)
     lo, hi = log_ratio_range(r.detach(), mf)
     totals = None
     if across is not None:
-        parts, lo, hi, totals = all_rows(parts, lo, hi, across)
-    cq_sum, n, cut_rows, signed_rows = parts[:4]
+        reduced, lo, hi, totals = all_rows(list(sums.values()), lo, hi, across)
+        sums = dict(zip(sums, reduced, strict=True))
+    n = sums["n"]
     nf = n.clamp(min=1)
-    log_coef = sgn * cq_sum / nf  # (B,) the log geometric mean of the clipped ratios (S2)
+    log_coef = sgn * sums["cq"] / nf  # (B,) the log geometric mean of the clipped ratios (S2)
     active = (adv != 0) & (n > 0)  # (B,) empty and A = 0 rows: policy term exactly 0 (S4, S5)
     log_w = log_coef
     if b.w_tok is not None:
-        log_w = log_coef + parts[4] / nf
+        log_w = log_coef + sums["log_w"] / nf
     policy = -adv * torch.exp(torch.where(active, log_w, 0))  # (B,)
     if b.w_row is not None:
         policy = policy * b.w_row.to(dt)
     policy = torch.where(active, policy, 0)
     per_seq, kl_sum = policy, None
     if em1 is not None:
-        kl_rows = parts[-1]  # (B,)
+        kl_rows = sums["kl"]  # (B,)
         per_seq = policy + h.beta * kl_rows / nf
         kl_sum = kl_rows.detach().sum()
-    stats = clip_stats(lo, hi, cut_rows, signed_rows, adv, n)
+    stats = clip_stats(lo, hi, sums["cut"], sums["signed"], adv, n)
     if h.log_dual is None:
         stats = stats._replace(num_clipped_dual=None)
     rows_b = max(per_seq.shape[0], 1)
