@@ -6,7 +6,11 @@ fused, compiled path).
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import numpy as np
+import pytest
 import torch
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
@@ -22,7 +26,7 @@ from tests._helpers import (
     valid_log_ratio,
     well_conditioned,
 )
-from tests._packed import packed_to_torch, ref_packed, run_packed
+from tests._packed import packed_to_torch, ref_packed, run_packed, split_tokens
 from tests.strategies import Batch, PackedBatch, batches, garbage, pack, packed_batches
 
 METRIC_KEYS = {
@@ -456,3 +460,88 @@ def test_packed_ignores_masked_tokens(impl: str, batch: PackedBatch, junk: float
     assert torch.equal(out_d.per_sequence_loss, out.per_sequence_loss)
     assert torch.equal(grad_d, grad)
     assert torch.equal(grad_d[torch.tensor(~batch.mask)], torch.zeros(int((~batch.mask).sum())))
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows split across ranks (process_group): every rank gets the whole rows' values
+# ---------------------------------------------------------------------------------------------
+
+
+class _ThreadGroup:
+    """A stand-in process group for ranks that are threads of this process: ``all_reduce``
+    (patched in below) exchanges the tensors through shared slots. The real collectives are
+    tested with two gloo processes in tests/test_distributed.py."""
+
+    def __init__(self, ranks: int) -> None:
+        self.barrier = threading.Barrier(ranks, timeout=60)
+        self.slots: list[torch.Tensor | None] = [None] * ranks
+
+
+def _thread_all_reduce(tensor: torch.Tensor, op: Any = None, group: Any = None) -> None:
+    shared, rank = group
+    shared.slots[rank] = tensor.clone()
+    shared.barrier.wait()
+    stacked = torch.stack(shared.slots)
+    reduce = {torch.distributed.ReduceOp.SUM: torch.sum, torch.distributed.ReduceOp.MIN: torch.amin}
+    result = reduce[op](stacked, 0)
+    shared.barrier.wait()  # every rank has read the slots before any writes the next ones
+    tensor.copy_(result)
+
+
+@given(packed_batches(), st.integers(2, 3), st.data())
+def test_split_across_ranks_equals_whole(
+    batch: PackedBatch, ranks: int, data: st.DataObject
+) -> None:
+    """Each segment's tokens cut into ``ranks`` contiguous parts at drawn points (parts may be
+    empty: a segment absent from a rank): every rank's loss, outputs and metrics are the whole
+    call's, and its gradient the whole call's at its own tokens."""
+    lengths = np.diff(batch.cu_seqlens)
+    cuts = np.array([sorted(data.draw(st.lists(st.integers(0, int(n)), min_size=ranks - 1,
+                                               max_size=ranks - 1))) for n in lengths],
+                    np.int64).reshape(len(lengths), ranks - 1)  # fmt: skip
+    whole_args = packed_to_torch(batch)
+    whole = gmpo_loss(**whole_args)
+    (whole_grad,) = torch.autograd.grad(whole.loss, whole_args["logp"])
+    shared = _ThreadGroup(ranks)
+    results: list[Any] = [None] * ranks
+
+    def rank_call(rank: int, idx: np.ndarray, cu: np.ndarray) -> None:
+        try:
+            args = packed_to_torch(batch)
+            index = torch.tensor(idx)
+            for key in ("logp", "old_logp", "mask", "ref_logp", "is_weights"):
+                if key in args and args[key].shape == whole_args["logp"].shape:
+                    args[key] = args[key].detach()[index]
+            args["logp"].requires_grad_()
+            args["cu_seqlens"] = torch.tensor(cu)
+            out = gmpo_loss(**args, process_group=(shared, rank))
+            (grad,) = torch.autograd.grad(out.loss, args["logp"])
+            results[rank] = (out, grad, index)
+        except BaseException as e:  # reported below
+            shared.barrier.abort()
+            results[rank] = e
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.distributed, "all_reduce", _thread_all_reduce)
+        threads = [threading.Thread(target=rank_call, args=(k, *part))
+                   for k, part in enumerate(split_tokens(batch.cu_seqlens, cuts))]  # fmt: skip
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    scale = float(max(1.0, whole.per_sequence_loss.abs().max().item()))
+    for res in results:
+        assert not isinstance(res, BaseException), res
+        out, grad, index = res
+        assert_close(out.loss, whole.loss, torch.float32, "value", scale)
+        assert_close(out.per_sequence_loss, whole.per_sequence_loss, torch.float32, "value", scale)
+        assert_close(out.log_coef, whole.log_coef, torch.float32, "value", 10.0)
+        assert_close(grad, whole_grad[index], torch.float32, "grad", scale)
+        assert out.metrics.keys() == whole.metrics.keys()
+        for k, v in whole.metrics.items():
+            torch.testing.assert_close(
+                out.metrics[k], v, rtol=1e-5, atol=1e-6, equal_nan=True, msg=k
+            )
+        assert out.stats.num_tokens == whole.stats.num_tokens
+        assert out.stats.num_clipped_low == whole.stats.num_clipped_low
+        assert out.stats.num_clipped_high == whole.stats.num_clipped_high
