@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from numbers import Real
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -122,6 +123,81 @@ def check_gmpo_inputs(
                 f"{(rows, cols)}, got {tuple(is_weights.shape)}"
             )
     return check_mask(mask, logp, "logp")
+
+
+class Packed(NamedTuple):
+    """The tensors of a packed :func:`gmpo_core.gmpo_loss` call, as passed."""
+
+    logp: Tensor
+    old_logp: Tensor | None
+    advantages: Tensor
+    mask: Tensor
+    ref_logp: Tensor | None
+    is_weights: Tensor | None
+
+
+def check_cu_seqlens(cu_seqlens: object, segments: int) -> Tensor:
+    """``cu_seqlens`` is a 1-D int32 or int64 tensor of length S + 1 (shape and dtype only)."""
+    if not isinstance(cu_seqlens, Tensor):
+        raise ValueError(f"cu_seqlens must be a tensor, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.dim() != 1:
+        raise ValueError(
+            f"cu_seqlens must be a 1-D int32 or int64 tensor (segment boundaries, "
+            f"flash-attention's convention), got {_fmt(cu_seqlens)}"
+        )
+    if cu_seqlens.shape[0] != segments + 1:
+        raise ValueError(
+            f"cu_seqlens must have length len(advantages) + 1 = {segments + 1} (one boundary "
+            f"more than segments), got {cu_seqlens.shape[0]}"
+        )
+    return cu_seqlens
+
+
+def check_packed_inputs(x: Packed, cu_seqlens: Tensor) -> Tensor:
+    """Validate the tensors of a packed :func:`gmpo_core.gmpo_loss` call (N tokens, S
+    segments); return the mask."""
+    floating("logp", x.logp)
+    if x.logp.dim() != 1:
+        raise ValueError(f"with cu_seqlens, logp must have shape (N,) (packed), got {_fmt(x.logp)}")
+    for name, t in (("old_logp", x.old_logp), ("ref_logp", x.ref_logp)):
+        if t is not None:
+            floating(name, t)
+            if t.shape != x.logp.shape:
+                raise ValueError(
+                    f"{name} must have the shape of logp {tuple(x.logp.shape)}, "
+                    f"got {tuple(t.shape)}"
+                )
+    real("advantages", x.advantages)
+    if x.advantages.dim() != 1:
+        raise ValueError(
+            f"with cu_seqlens, advantages must have shape (S,), one per segment, got "
+            f"{_fmt(x.advantages)}"
+        )
+    segments = x.advantages.shape[0]
+    check_cu_seqlens(cu_seqlens, segments)
+    named = {"old_logp": x.old_logp, "advantages": x.advantages, "mask": x.mask}
+    others = {**named, "ref_logp": x.ref_logp, "is_weights": x.is_weights}
+    check_devices("logp", x.logp, {**others, "cu_seqlens": cu_seqlens})
+    if x.is_weights is not None:
+        floating("is_weights", x.is_weights)
+        if tuple(x.is_weights.shape) not in (tuple(x.logp.shape), (segments, 1)):
+            raise ValueError(
+                f"with cu_seqlens, is_weights must have shape (N,) = {tuple(x.logp.shape)} "
+                f"(token weights) or (S, 1) = {(segments, 1)} (row weights), got "
+                f"{tuple(x.is_weights.shape)}"
+            )
+    return check_mask(x.mask, x.logp, "logp")
+
+
+def check_cu_seqlens_values(cu_seqlens: Tensor, n_tokens: int) -> None:
+    """Opt-in: ``cu_seqlens`` starts at 0, ends at N and never decreases (a device sync)."""
+    if not bool(cu_seqlens[0] == 0) or not bool(cu_seqlens[-1] == n_tokens):
+        raise ValueError(
+            f"cu_seqlens must start at 0 and end at N = {n_tokens} (the number of tokens), got "
+            f"{cu_seqlens[0].item()} and {cu_seqlens[-1].item()}"
+        )
+    if not bool((cu_seqlens.diff() >= 0).all()):
+        raise ValueError("cu_seqlens must be non-decreasing (segment lengths >= 0)")
 
 
 def check_devices(name: str, first: Tensor, others: dict[str, Tensor | None]) -> None:

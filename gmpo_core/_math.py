@@ -10,6 +10,12 @@ Inputs travel as a :class:`Batch` (tensors) and a :class:`Hyper` (validated hype
 Python floats, or 0-d tensors on the compiled path so that new values never recompile). Nothing
 here validates or synchronizes with the device.
 
+A row is either a padded row of a (B, T) batch or a *segment* of packed (N,) tokens, given by
+``cu_seqlens`` (flash-attention's convention). Every per-row reduction goes through
+:func:`row_sum` and every per-row value reaches the tokens through :func:`to_tokens`, so both
+layouts run the same formulas. With an :class:`Across`, a row's tokens are split across the
+ranks of a process group: the per-row sums are all-reduced before the exponential.
+
 On CPU, ATen's kernels that read or write ``bool`` tensors are several times slower than float
 arithmetic, so masks enter arithmetic as 0/1 floats (:func:`as_float`), and ``torch.where`` with
 the mask is used once per input that may hold junk at masked positions (S6).
@@ -18,9 +24,10 @@ the mask is used once per input that may hold junk at masked positions (S6).
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from gmpo_core.metrics import ClipStats
@@ -41,7 +48,9 @@ class Batch(NamedTuple):
     """The loss's tensors, validated; every one but ``logp`` is detached (a constant of the loss).
 
     Shape:
-        logp, old_logp, mask, ref_logp, w_tok: (B, T). adv, w_row: (B,).
+        padded: logp, old_logp, mask, ref_logp, w_tok: (B, T). adv, w_row: (B,).
+        packed (``cu_seqlens`` given): logp, old_logp, mask, ref_logp, w_tok: (N,); adv, w_row:
+        (S,); cu_seqlens: (S + 1,) integer, row i is tokens ``cu_seqlens[i]:cu_seqlens[i + 1]``.
     """
 
     logp: Tensor
@@ -51,6 +60,36 @@ class Batch(NamedTuple):
     ref_logp: Tensor | None  # None when beta == 0
     w_tok: Tensor | None  # per-token rollout weights
     w_row: Tensor | None  # per-row rollout weights
+    cu_seqlens: Tensor | None = None  # packed segments; None: padded rows
+
+
+class Totals(NamedTuple):
+    """Per-row sums and token extrema over every rank of a process group.
+
+    Shape:
+        sums: (k, B) float, the rows of :func:`forward`'s partial sums. minima: (2,) float,
+        ``[min r, -max r]`` (with ±the dtype's largest float where a rank had no valid token).
+    """
+
+    sums: Tensor
+    minima: Tensor
+
+
+class Across(NamedTuple):
+    """Rows split along the token axis across the ranks of ``group``: every rank holds its own
+    tokens of the same rows. ``totals``: the reduced sums of an earlier forward on the same
+    inputs (then no collective runs); None: all-reduce them over ``group``."""
+
+    group: Any  # a torch.distributed ProcessGroup (None: the default group)
+    totals: Totals | None = None
+
+
+class Segments(NamedTuple):
+    """Packed rows. Shape: offsets (S + 1,) int64, within [0, N] and non-decreasing; ids (N,)
+    int64, the row of each token."""
+
+    offsets: Tensor
+    ids: Tensor
 
 
 class Forward(NamedTuple):
@@ -66,7 +105,8 @@ class Forward(NamedTuple):
     log_coef: Tensor
     stats: ClipStats
     kl_sum: Tensor | None  # sum of the k3 estimator over valid tokens; None without KL
-    loss_grad: Tensor | None  # (B, T) d loss / d logp, compute dtype, when asked for
+    loss_grad: Tensor | None  # (B, T) or (N,) d loss / d logp, compute dtype, when asked for
+    totals: Totals | None = None  # the reduced sums, with an Across
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -94,38 +134,73 @@ def rows(values: Tensor) -> Tensor:
     return values.unsqueeze(-1)
 
 
-def sign_space(r: Tensor, adv: Tensor, h: Hyper) -> tuple[Tensor, Tensor, Tensor]:
+def segments(cu_seqlens: Tensor, n_tokens: int) -> Segments:
+    """The rows of packed tokens, without a device sync: offsets clamped into [0, N] and made
+    non-decreasing (so that no values of ``cu_seqlens`` can make a kernel read out of bounds;
+    :func:`gmpo_core._checks.check_cu_seqlens_values` rejects such values on request), and each
+    token's row, ``#{i >= 1: offsets[i] <= t}``, as a cumulative count of row starts."""
+    offsets = torch.cummax(cu_seqlens.to(torch.int64).clamp(0, n_tokens), 0).values
+    inner = offsets[1:-1]  # the starts of rows 1..S-1 (N for trailing empty rows)
+    starts = offsets.new_zeros(n_tokens + 1).index_add_(0, inner, torch.ones_like(inner))
+    return Segments(offsets, starts[:n_tokens].cumsum(0))
+
+
+def row_sum(x: Tensor, seg: Segments | None) -> Tensor:
+    """Per-row sums: over the last axis of padded rows, over each segment of packed ones.
+    Shape: (B, T) -> (B,), or (N,) -> (S,)."""
+    if seg is None:
+        return x.sum(-1)
+    return torch.segment_reduce(x, "sum", offsets=seg.offsets, unsafe=True)
+
+
+def to_tokens(values: Tensor, seg: Segments | None) -> Tensor:
+    """Per-row values where they broadcast against the tokens. Shape: (B,) -> (B, 1), or
+    (S,) -> (N,)."""
+    return rows(values) if seg is None else values.index_select(0, seg.ids)
+
+
+def sign_space(
+    r: Tensor, adv: Tensor, h: Hyper, seg: Segments | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
     """The trust region (S1) in sign space, ``q = sign(A) r``, where every row's region is the
     upper bound ``q <= eps`` (eps_high where A >= 0, eps_low where A < 0), and under a dual clip
     also ``q >= -log dual_clip`` where A < 0. A clamp with tensor bounds of one side runs at the
     speed of a copy in ATen, and passes the gradient (1) on the bound.
 
     Returns ``(sign, q, clipped q)``. Shape: r (B, T) or (B,), adv (B,) -> sign (B,), q and
-    clipped q of r's shape.
+    clipped q of r's shape; or with ``seg``, r (N,) and adv (S,) -> sign (S,), q (N,).
     """
     pos = adv >= 0
     one = torch.ones_like(adv)
     sgn = torch.where(pos, one, -one)  # (B,)
     eps = torch.where(pos, one * h.eps_high, one * h.eps_low)  # (B,)
-    col = rows if r.dim() == 2 else (lambda x: x)
-    q = r * col(sgn)
-    cq = q.clamp(max=col(eps))
+    q = r * along(sgn, r, seg)
+    cq = q.clamp(max=along(eps, r, seg))
     if h.log_dual is not None:
-        cq = cq.clamp(min=col(torch.where(pos, -math.inf, one * -h.log_dual)))
+        cq = cq.clamp(min=along(torch.where(pos, -math.inf, one * -h.log_dual), r, seg))
     return sgn, q, cq
 
 
-def trust_region(r: Tensor, adv: Tensor, h: Hyper) -> Tensor:
+def along(values: Tensor, r: Tensor, seg: Segments | None) -> Tensor:
+    """Per-row values where they broadcast against ``r``: per token (a (B, T) or packed r) or
+    per row (a (B,) r). Shape: (B,) -> (B, 1) or (B,); (S,) -> (N,)."""
+    if seg is not None or r.dim() == 2:
+        return to_tokens(values, seg)
+    return values
+
+
+def trust_region(r: Tensor, adv: Tensor, h: Hyper, seg: Segments | None = None) -> Tensor:
     """The clipped log-ratio c (S1): ``min(r, eps_high)`` where A >= 0, ``max(r, -eps_low)``
-    (and ``min(., log dual_clip)``) where A < 0. Shape: r (B, T) or (B,), adv (B,) -> r's."""
-    sgn, _, cq = sign_space(r, adv, h)
-    return cq * (rows(sgn) if r.dim() == 2 else sgn)
+    (and ``min(., log dual_clip)``) where A < 0. Shape: r (B, T) or (B,), adv (B,) -> r's; or
+    with ``seg``, r (N,), adv (S,) -> (N,)."""
+    sgn, _, cq = sign_space(r, adv, h, seg)
+    return cq * along(sgn, r, seg)
 
 
-def masked_mean(x: Tensor, valid: Tensor, n: Tensor) -> Tensor:
+def masked_mean(x: Tensor, valid: Tensor, n: Tensor, seg: Segments | None = None) -> Tensor:
     """Row sums of ``x`` over valid positions divided by max(n, 1) (S2). Values at invalid
-    positions never matter. Shape: (B, T), (B, T), (B,) -> (B,)."""
-    return torch.where(valid, x, 0).sum(-1) / n.clamp(min=1)
+    positions never matter. Shape: (B, T), (B, T), (B,) -> (B,); or (N,), (N,), (S,) -> (S,)."""
+    return row_sum(torch.where(valid, x, 0), seg) / n.clamp(min=1)
 
 
 def k3(logp: Tensor, ref_logp: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
@@ -137,7 +212,7 @@ def k3(logp: Tensor, ref_logp: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
     return em1 - d, em1
 
 
-def forward(b: Batch, h: Hyper, with_grad: bool = False) -> Forward:
+def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None = None) -> Forward:
     """Eq. 4 of the paper per row (S1-S8), its statistics (S10), and with ``with_grad`` the
     gradient of ``loss`` with respect to ``logp``, written out::
 
@@ -148,57 +223,109 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False) -> Forward:
     row's gradient is proportional to the upstream gradient of its ``per_sequence_loss``, so a
     backward only scales it per row.
 
+    Rows are padded (B, T) or, with ``b.cu_seqlens``, segments of packed (N,) tokens. With
+    ``across``, every per-row sum is the sum over the group's ranks (:func:`all_rows`), so every
+    rank computes the whole rows' values, and the gradient at its own tokens.
+
     ``b`` holds the inputs in their own dtypes; everything is computed in :func:`compute_dtype`
     of ``logp``'s.
     """
     dt = compute_dtype(b.logp.dtype)
+    seg = None if b.cu_seqlens is None else segments(b.cu_seqlens, b.logp.shape[0])
     logp, adv = b.logp.to(dt), b.adv.to(dt)
     valid = valid_tokens(b.mask, b.w_tok)  # (B, T) bool
     mf = as_float(valid, dt)  # (B, T) 0/1
     r = torch.where(valid, logp - b.old_logp.to(dt), 0)  # (B, T), exactly 0 at invalid positions
-    sgn, q, cq = sign_space(r, adv, h)  # (B,), (B, T), (B, T): cq is 0 where r is
-    n = mf.sum(-1)  # (B,)
+    sgn, q, cq = sign_space(r, adv, h, seg)  # (B,), (B, T), (B, T): cq is 0 where r is
+    sums = {"cq": row_sum(cq, seg), "n": row_sum(mf, seg)}  # (B,) each
+    if b.w_tok is not None:  # per-token weights enter as their geometric mean (S7)
+        sums["log_w"] = row_sum(torch.where(valid, torch.log(b.w_tok.to(dt)), 0), seg)
+    em1 = None
+    if b.ref_logp is not None:  # the k3 estimator expm1(d) - d, d = ref - logp (S3)
+        k, em1 = k3(logp, b.ref_logp.to(dt), valid)  # (B, T) each
+        sums["kl"] = row_sum(k, seg)
+    # s = -1 where the clamp cut q at eps, +1 at the dual cap, 0 elsewhere (invalid tokens too)
+    s = torch.sign(cq.detach() - q.detach())  # (B, T)
+    a = s.abs()
+    sums["cut"], sums["signed"] = row_sum(a, seg), row_sum(s, seg)
+    lo, hi = log_ratio_range(r.detach(), mf)
+    totals = None
+    if across is not None:
+        reduced, lo, hi, totals = all_rows(list(sums.values()), lo, hi, across)
+        sums = dict(zip(sums, reduced, strict=True))
+    n = sums["n"]
     nf = n.clamp(min=1)
-    log_coef = sgn * cq.sum(-1) / nf  # (B,) the log geometric mean of the clipped ratios (S2)
+    log_coef = sgn * sums["cq"] / nf  # (B,) the log geometric mean of the clipped ratios (S2)
     active = (adv != 0) & (n > 0)  # (B,) empty and A = 0 rows: policy term exactly 0 (S4, S5)
     log_w = log_coef
-    if b.w_tok is not None:  # per-token weights enter as their geometric mean (S7)
-        log_w = log_coef + masked_mean(torch.log(b.w_tok.to(dt)), valid, n)
+    if b.w_tok is not None:
+        log_w = log_coef + sums["log_w"] / nf
     policy = -adv * torch.exp(torch.where(active, log_w, 0))  # (B,)
     if b.w_row is not None:
         policy = policy * b.w_row.to(dt)
     policy = torch.where(active, policy, 0)
-    per_seq, kl_sum, em1 = policy, None, None
-    if b.ref_logp is not None:  # the k3 estimator expm1(d) - d, d = ref - logp (S3)
-        k, em1 = k3(logp, b.ref_logp.to(dt), valid)  # (B, T) each
-        kl_rows = k.sum(-1)  # (B,)
+    per_seq, kl_sum = policy, None
+    if em1 is not None:
+        kl_rows = sums["kl"]  # (B,)
         per_seq = policy + h.beta * kl_rows / nf
         kl_sum = kl_rows.detach().sum()
-    # s = -1 where the clamp cut q at eps, +1 at the dual cap, 0 elsewhere (invalid tokens too)
-    s = torch.sign(cq.detach() - q.detach())  # (B, T)
-    a = s.abs()
-    stats = clip_stats(r.detach(), mf, a.sum(-1), s.sum(-1), adv, n)
+    stats = clip_stats(lo, hi, sums["cut"], sums["signed"], adv, n)
     if h.log_dual is None:
         stats = stats._replace(num_clipped_dual=None)
     rows_b = max(per_seq.shape[0], 1)
     loss = per_seq.sum() / rows_b  # mean over rows; 0 when B = 0 (S4)
     grad = None
-    if with_grad:
-        grad = (mf - a) * rows(policy.detach() / (nf * rows_b))  # (B, T) mf - |s| = passes
+    if with_grad:  # mf - |s| = passes
+        grad = (mf - a) * to_tokens(policy.detach() / (nf * rows_b), seg)  # (B, T)
         if em1 is not None:
-            grad = grad - em1.detach() * rows(h.beta / (nf * rows_b))
-    return Forward(loss, per_seq, log_coef, stats, kl_sum, grad)
+            grad = grad - em1.detach() * to_tokens(h.beta / (nf * rows_b), seg)
+    return Forward(loss, per_seq, log_coef, stats, kl_sum, grad, totals)
+
+
+def all_rows(
+    parts: list[Tensor], lo: Tensor, hi: Tensor, across: Across
+) -> tuple[list[Tensor], Tensor, Tensor, Totals]:
+    """The per-row sums ``parts`` and the token range ``lo``, ``hi`` over every rank of
+    ``across.group`` (or ``across.totals``): sums with SUM, the range with MIN. Each reduced
+    sum keeps the local sum's gradient (the other ranks' tokens are constants here), so a
+    rank's gradient is the whole rows' gradient at its own tokens. Shape: parts (B,) each."""
+    totals = across.totals
+    if totals is None:
+        sums = torch.stack([p.detach() for p in parts])  # (k, B)
+        minima = torch.stack([lo, -hi])  # (2,)
+        dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=across.group)
+        dist.all_reduce(minima, op=dist.ReduceOp.MIN, group=across.group)
+        totals = Totals(sums, minima)
+    reduced = [through(p, t) for p, t in zip(parts, totals.sums.unbind(), strict=True)]
+    return reduced, totals.minima[0], -totals.minima[1], totals
+
+
+def through(local: Tensor, total: Tensor) -> Tensor:
+    """``total``'s value with ``local``'s gradient (an identity: d total / d local = 1)."""
+    if not local.requires_grad:
+        return total
+    return torch.where(local.isfinite(), total + (local - local.detach()), total)
+
+
+def log_ratio_range(r: Tensor, mf: Tensor) -> tuple[Tensor, Tensor]:
+    """Min and max of ``r`` over valid tokens (``mf``: 0/1), ``+big`` and ``-big`` (the dtype's
+    largest float) where there is none (:func:`unreached` turns them into ±inf).
+    Shape: (B, T) or (N,) -> (), ()."""
+    # invalid tokens are pushed out of reach by the largest float
+    big = torch.finfo(r.dtype).max
+    far = torch.addcmul(r.new_full((), big), mf, r.new_full((), -big))  # 0 at valid tokens
+    return extreme(r + far, "min"), extreme(r - far, "max")
 
 
 def clip_stats(
-    r: Tensor, mf: Tensor, cut_rows: Tensor, signed_rows: Tensor, adv: Tensor, n: Tensor
+    lo: Tensor, hi: Tensor, cut_rows: Tensor, signed_rows: Tensor, adv: Tensor, n: Tensor
 ) -> ClipStats:
-    """Counts and extrema over valid tokens (S10), from the log-ratio ``r`` (0 at invalid
-    positions), the valid tokens as 0/1 floats, and per row the number of tokens the trust
-    region cut (``sum |s|``) and ``sum s``, with s = -1 where it cut at eps and +1 at the dual
-    cap (see :func:`sign_space`).
+    """Counts and extrema over valid tokens (S10), from the range of the log-ratio over valid
+    tokens (:func:`log_ratio_range`) and per row the number of tokens the trust region cut
+    (``sum |s|``) and ``sum s``, with s = -1 where it cut at eps and +1 at the dual cap (see
+    :func:`sign_space`), and the row's valid tokens ``n``.
 
-    Shape: r, mf (B, T); cut_rows, signed_rows, adv, n (B,).
+    Shape: lo, hi (); cut_rows, signed_rows, adv, n (B,).
     """
     at_eps = (cut_rows - signed_rows) / 2  # (B,)
     at_cap = (cut_rows + signed_rows) / 2  # (B,) A < 0 rows only
@@ -206,16 +333,14 @@ def clip_stats(
     high = torch.where(adv > 0, at_eps, 0)
     nonempty = n > 0
     nf = n.clamp(min=1)
-    # r's range over valid tokens: invalid ones are pushed out of reach by the largest float
-    big = torch.finfo(r.dtype).max
-    far = torch.addcmul(r.new_full((), big), mf, r.new_full((), -big))  # (B, T) 0 at valid
+    big = torch.finfo(lo.dtype).max
     return ClipStats(
         num_tokens=total(n),
         num_clipped_low=total(low),
         num_clipped_high=total(high),
         num_clipped_dual=total(at_cap),
-        log_ratio_min=unreached(extreme(r + far, "min"), big),
-        log_ratio_max=unreached(extreme(r - far, "max"), big),
+        log_ratio_min=unreached(lo, big),
+        log_ratio_max=unreached(hi, big),
         row_clip_low_min=extreme(torch.where(nonempty, low / nf, math.inf), "min"),
         row_clip_high_max=extreme(torch.where(nonempty, high / nf, -math.inf), "max"),
     )
@@ -227,7 +352,8 @@ def total(per_row: Tensor) -> Tensor:
 
 
 def extreme(x: Tensor, kind: str) -> Tensor:
-    """Min or max over all of ``x``: +inf or -inf when it is empty. Shape: (B, T) or (B,) -> ().
+    """Min or max over all of ``x``: +inf or -inf when it is empty. Shape: (B, T), (B,) or
+    (N,) -> ().
     Rows first, so that compiled code takes them in the pass that makes the row sums."""
     if x.numel() == 0:
         return x.new_full((), math.inf if kind == "min" else -math.inf)

@@ -1,8 +1,10 @@
 """``impl="compiled"``: the math layer's forward under ``torch.compile``, public API only.
 
 :func:`gmpo_core._math.forward` is compiled with ``torch.compile(dynamic=True)``
-(a new (B, T) does not recompile) and runs inside the same ``torch.autograd.Function`` as the
-plain path, whose backward scales the gradient the forward wrote. Hyper-parameters enter as
+(a new (B, T) or N does not recompile; packed input and a process group are inputs of the same
+function, the group's collectives traced into its graph) and runs inside the same
+``torch.autograd.Function`` as the plain path, whose backward scales the gradient the forward
+wrote. Hyper-parameters enter as
 0-d tensors built on each call, so new values never recompile and nothing is cached across calls.
 The compiled function is created once, on first use; a failing call raises and changes nothing
 for the next one. The first call of each input signature (dtypes, devices, which optional inputs
@@ -26,7 +28,9 @@ _LOCK = threading.Lock()
 
 
 @functools.cache
-def compiled_forward() -> Callable[[_math.Batch, _math.Hyper, bool], _math.Forward]:
+def compiled_forward() -> Callable[
+    [_math.Batch, _math.Hyper, bool, _math.Across | None], _math.Forward
+]:
     """:func:`gmpo_core._math.forward` under ``torch.compile`` (created on first use). Not
     ``fullgraph``: the function has no graph break (tests/test_compile.py compiles it with
     ``fullgraph=True``), but past torch's recompile limit (8 input signatures of one function
@@ -35,14 +39,16 @@ def compiled_forward() -> Callable[[_math.Batch, _math.Hyper, bool], _math.Forwa
     return torch.compile(_math.forward, dynamic=True)
 
 
-def kernel() -> Callable[[_math.Batch, _math.Hyper, bool], _math.Forward]:
+def kernel() -> Callable[[_math.Batch, _math.Hyper, bool, _math.Across | None], _math.Forward]:
     """The compiled forward, one call at a time across threads."""
     return _serialized
 
 
-def _serialized(b: _math.Batch, h: _math.Hyper, with_grad: bool) -> _math.Forward:
+def _serialized(
+    b: _math.Batch, h: _math.Hyper, with_grad: bool, across: _math.Across | None = None
+) -> _math.Forward:
     with _LOCK:
-        return compiled_forward()(b, h, with_grad)
+        return compiled_forward()(b, h, with_grad, across)
 
 
 def worth_compiling(logp: Tensor, advantages: Tensor) -> bool:

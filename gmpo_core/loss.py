@@ -54,6 +54,8 @@ def gmpo_loss(
     dual_clip: float | None = None,
     impl: Impl = "plain",
     check_values: bool = False,
+    cu_seqlens: Tensor | None = None,
+    process_group: Any = None,
 ) -> GMPOOutput:
     """Geometric-Mean Policy Optimization loss (arXiv 2507.20673, Eq. 4), to minimize.
 
@@ -87,22 +89,42 @@ def gmpo_loss(
             compiles on its first call and has no second-order gradient). Inside a user's
             ``torch.compile`` both trace the plain path into the user's graph.
         check_values: also check values (mask is 0/1, finite advantages, finite log-probs at
-            valid positions, non-negative weights). This synchronizes with the device.
+            valid positions, non-negative weights, and ``cu_seqlens`` from 0 to N,
+            non-decreasing). This synchronizes with the device.
+        cu_seqlens: packed input: ``(S + 1,)`` int32 or int64 segment boundaries
+            (flash-attention's convention); row i is the tokens ``cu_seqlens[i]:cu_seqlens[i + 1]``
+            of 1-D inputs. The result is the padded call's on the same rows; an empty segment is
+            an empty row.
+        process_group: the rows' tokens are split across the ranks of this
+            ``torch.distributed`` process group (context or sequence parallelism): every rank
+            passes its own tokens of the same rows (in the same order, with the same
+            ``advantages``; a rank may hold no token of a row). Per-row sums are all-reduced
+            before the exponential: every rank gets the whole rows' ``loss``, outputs and
+            metrics, and the gradient of the whole rows' ``loss`` at its own tokens.
 
     Shape:
-        logp, old_logp, mask, ref_logp: (B, T). advantages: (B,). is_weights: (B,), (B, 1) or
-        (B, T). Output: see :class:`GMPOOutput`.
+        padded: logp, old_logp, mask, ref_logp: (B, T). advantages: (B,). is_weights: (B,),
+        (B, 1) or (B, T). packed (``cu_seqlens`` (S + 1,)): logp, old_logp, mask, ref_logp: (N,).
+        advantages: (S,). is_weights: (N,) token weights or (S, 1) row weights. Output: see
+        :class:`GMPOOutput` (B = S when packed).
     """
     h = _checks.hyper(epsilon, epsilon_high, dual_clip, beta, ref_logp)
-    _checks.check_gmpo_inputs(logp, old_logp, advantages, mask, ref_logp, is_weights)
+    if cu_seqlens is None:
+        _checks.check_gmpo_inputs(logp, old_logp, advantages, mask, ref_logp, is_weights)
+    else:
+        _checks.check_packed_inputs(
+            _checks.Packed(logp, old_logp, advantages, mask, ref_logp, is_weights), cu_seqlens
+        )
     _checks.check_impl(impl)
     if check_values:
         _checks.check_values(logp, old_logp, advantages, mask, ref_logp, is_weights)
+        if cu_seqlens is not None:
+            _checks.check_cu_seqlens_values(cu_seqlens, logp.shape[0])
 
     w_tok = w_row = None
     if is_weights is not None:
-        if is_weights.dim() == 2 and is_weights.shape[1] > 1:  # (B, T); (B, 1) is a row weight
-            w_tok = is_weights.detach()
+        if is_weights.shape == logp.shape and (cu_seqlens is not None or is_weights.shape[1] > 1):
+            w_tok = is_weights.detach()  # (B, T) or (N,); (B, 1) is a row weight
         else:
             w_row = is_weights.detach().reshape(-1)
     b = _math.Batch(
@@ -113,16 +135,19 @@ def gmpo_loss(
         ref_logp=ref_logp.detach() if h.beta != 0 and ref_logp is not None else None,
         w_tok=w_tok,
         w_row=w_row,
+        # int64 either way: one compiled kernel for int32 and int64 boundaries
+        cu_seqlens=None if cu_seqlens is None else cu_seqlens.detach().to(torch.int64),
     )
+    across = None if process_group is None else _math.Across(process_group)
     if torch.compiler.is_compiling():  # inside a user's torch.compile: trace the math
-        fw = _math.forward(b, h)
+        fw = _math.forward(b, h, across=across)
         return GMPOOutput(fw.loss, fw.per_sequence_loss, fw.log_coef, fw.stats, fw.kl_sum)
     if impl == "compiled" and compiled.worth_compiling(logp, advantages):
         kernel, h = compiled.kernel(), compiled.hyper_tensors(h, logp)
     else:
         kernel = _math.forward
     stats_out: list[tuple[ClipStats, Tensor | None]] = []
-    loss, per_seq, log_coef = _GMPO.apply(*b, h, kernel, stats_out)  # type: ignore[no-untyped-call]
+    loss, per_seq, log_coef = _GMPO.apply(*b, h, kernel, (across, stats_out))  # type: ignore[no-untyped-call]
     stats, kl_sum = stats_out[0]
     return GMPOOutput(loss, per_seq, log_coef, stats, kl_sum)
 
@@ -144,15 +169,19 @@ class _GMPO(torch.autograd.Function):
         ref_logp: Tensor | None,
         w_tok: Tensor | None,
         w_row: Tensor | None,
+        cu_seqlens: Tensor | None,
         h: _math.Hyper,
         kernel: Callable[..., _math.Forward],
-        stats_out: list[tuple[ClipStats, Tensor | None]],
+        side: tuple[_math.Across | None, list[tuple[ClipStats, Tensor | None]]],
     ) -> tuple[Tensor, Tensor, Tensor]:
-        b = _math.Batch(logp, old_logp, adv, mask, ref_logp, w_tok, w_row)
-        fw = kernel(b, h, ctx.needs_input_grad[0])
+        across, stats_out = side
+        b = _math.Batch(logp, old_logp, adv, mask, ref_logp, w_tok, w_row, cu_seqlens)
+        fw = kernel(b, h, ctx.needs_input_grad[0], across)
         stats_out.append((fw.stats, fw.kl_sum))  # statistics leave outside autograd's outputs
-        ctx.save_for_backward(logp, old_logp, adv, mask, ref_logp, w_tok, w_row)
+        ctx.save_for_backward(logp, old_logp, adv, mask, ref_logp, w_tok, w_row, cu_seqlens)
         ctx.h = h
+        # the recomputing backward reuses the reduced sums: no collective in a backward
+        ctx.across = None if across is None else across._replace(totals=fw.totals)
         ctx.loss_grad = fw.loss_grad  # not an output: no reference cycle; used once
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
         return fw.loss, fw.per_sequence_loss, fw.log_coef
@@ -162,13 +191,15 @@ class _GMPO(torch.autograd.Function):
         ctx: Any, g_loss: Tensor | None, g_ps: Tensor | None, g_lc: Tensor | None
     ) -> tuple[Tensor | None, ...]:
         grad, ctx.loss_grad = ctx.loss_grad, None  # handed on, so autograd need not copy it
-        nones = (None,) * 9
+        nones = (None,) * 10
         if grad is None or g_lc is not None or torch.is_grad_enabled():
             return (_autograd_grad(ctx, g_loss, g_ps, g_lc), *nones)
-        logp = ctx.saved_tensors[0]
+        logp, cu_seqlens = ctx.saved_tensors[0], ctx.saved_tensors[-1]
         if g_ps is not None:  # d/d per_sequence_loss_i = B d/d loss for every row
             scale = g_ps.to(grad.dtype) * max(len(g_ps), 1)
-            grad.mul_(_math.rows(scale if g_loss is None else scale + g_loss.to(grad.dtype)))
+            scale = scale if g_loss is None else scale + g_loss.to(grad.dtype)
+            seg = None if cu_seqlens is None else _math.segments(cu_seqlens, grad.shape[0])
+            grad.mul_(_math.to_tokens(scale, seg))
         elif g_loss is None:
             grad.zero_()
         elif g_loss.device.type != "cpu" or g_loss.item() != 1.0:  # 1 for loss.backward()
@@ -186,7 +217,7 @@ def _autograd_grad(
     create_graph = torch.is_grad_enabled()
     with torch.enable_grad():
         logp = inputs[0] if create_graph else inputs[0].detach().requires_grad_()
-        fw = _math.forward(_math.Batch(logp, *inputs[1:]), ctx.h)
+        fw = _math.forward(_math.Batch(logp, *inputs[1:]), ctx.h, across=ctx.across)
         pairs = [(o, g) for o, g in zip(fw[:3], (g_loss, g_ps, g_lc), strict=True) if g is not None]
         if not pairs:
             return None

@@ -19,6 +19,22 @@ def _hyper(epsilon: float, epsilon_high: float | None, dual_clip: float | None) 
     return _checks.hyper(epsilon, epsilon_high, dual_clip, 0.0, None)
 
 
+def _segments(
+    cu_seqlens: Tensor | None, tokens: Tensor, name: str, segments: int | None = None
+) -> _math.Segments | None:
+    """Packed rows: ``tokens`` (N,) and ``cu_seqlens`` (S + 1,), S = ``segments`` if given."""
+    if cu_seqlens is None:
+        return None
+    _checks.check_cu_seqlens(cu_seqlens, len(cu_seqlens) - 1 if segments is None else segments)
+    if tokens.dim() != 1:
+        raise ValueError(
+            f"with cu_seqlens, {name} must have shape (N,) (packed), got shape "
+            f"{tuple(tokens.shape)}"
+        )
+    _checks.check_devices(name, tokens, {"cu_seqlens": cu_seqlens})
+    return _math.segments(cu_seqlens.detach(), tokens.shape[0])
+
+
 def clip_log_ratio(
     log_ratio: Tensor, *, epsilon: float = 0.4, epsilon_high: float | None = None
 ) -> Tensor:
@@ -42,6 +58,7 @@ def trust_region_log_ratio(
     epsilon: float = 0.4,
     epsilon_high: float | None = None,
     dual_clip: float | None = None,
+    cu_seqlens: Tensor | None = None,
 ) -> Tensor:
     """One-sided, sign-aware clip of log-ratios: PPO's trust region in log space.
 
@@ -54,16 +71,24 @@ def trust_region_log_ratio(
     (``clamp(ratio, max=delta)``) for negative advantages.
 
     Shape:
-        log_ratio: (B, T) per token, or (B,) per sequence. advantages: (B,).
-        Output: the shape of ``log_ratio``.
+        log_ratio: (B, T) per token, or (B,) per sequence. advantages: (B,). Packed, with
+        ``cu_seqlens`` (S + 1,): log_ratio (N,), advantages (S,). Output: the shape of
+        ``log_ratio``.
     """
     h = _hyper(epsilon, epsilon_high, dual_clip)
-    _checks.check_log_ratio_inputs(log_ratio, advantages)
+    _checks.floating("log_ratio", log_ratio)
+    if cu_seqlens is None:
+        _checks.check_log_ratio_inputs(log_ratio, advantages)
+    else:
+        _checks.real("advantages", advantages)
     _checks.check_devices("log_ratio", log_ratio, {"advantages": advantages})
-    return _math.trust_region(log_ratio, advantages.detach().to(log_ratio.dtype), h)
+    seg = _segments(cu_seqlens, log_ratio, "log_ratio", advantages.shape[0])
+    return _math.trust_region(log_ratio, advantages.detach().to(log_ratio.dtype), h, seg)
 
 
-def masked_geometric_mean(log_values: Tensor, mask: Tensor) -> Tensor:
+def masked_geometric_mean(
+    log_values: Tensor, mask: Tensor, *, cu_seqlens: Tensor | None = None
+) -> Tensor:
     """Log of the geometric mean of ``exp(log_values)`` over each row's valid positions.
 
     ``log G_i = sum_t mask_t x_t / max(n_i, 1)`` with ``n_i = sum_t mask_t``: the ``1/|o_i|``
@@ -71,22 +96,28 @@ def masked_geometric_mean(log_values: Tensor, mask: Tensor) -> Tensor:
     masked positions never matter, NaN and inf included.
 
     Shape:
-        log_values: (B, T). mask: (B, T) bool or 0/1. Output: (B,).
+        log_values: (B, T). mask: (B, T) bool or 0/1. Output: (B,). Packed, with
+        ``cu_seqlens`` (S + 1,): log_values and mask (N,), output (S,).
     """
     _checks.floating("log_values", log_values)
     _checks.check_devices("log_values", log_values, {"mask": mask})
+    seg = _segments(cu_seqlens, log_values, "log_values")
     valid = _math.valid_tokens(_checks.check_mask(mask, log_values, "log_values"))
-    return _math.masked_mean(log_values, valid, _math.as_float(valid, log_values.dtype).sum(-1))
+    n = _math.row_sum(_math.as_float(valid, log_values.dtype), seg)
+    return _math.masked_mean(log_values, valid, n, seg)
 
 
-def sequence_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
+def sequence_kl(
+    logp: Tensor, ref_logp: Tensor, mask: Tensor, *, cu_seqlens: Tensor | None = None
+) -> Tensor:
     """Per-sequence KL to the reference policy: token mean of the k3 estimator.
 
     ``KL_i = sum_t mask (expm1(d_t) - d_t) / max(n_i, 1)``, ``d = ref_logp - logp``. Written with
     ``expm1`` it is never negative, even in float32. Gradients flow to ``logp`` only.
 
     Shape:
-        logp, ref_logp, mask: (B, T). Output: (B,).
+        logp, ref_logp, mask: (B, T). Output: (B,). Packed, with ``cu_seqlens`` (S + 1,):
+        logp, ref_logp and mask (N,), output (S,).
     """
     _checks.floating("logp", logp)
     _checks.floating("ref_logp", ref_logp)
@@ -95,11 +126,13 @@ def sequence_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
         raise ValueError(
             f"ref_logp must have the shape of logp {tuple(logp.shape)}, got {tuple(ref_logp.shape)}"
         )
+    seg = _segments(cu_seqlens, logp, "logp")
     valid = _math.valid_tokens(_checks.check_mask(mask, logp, "logp"))
     return _math.masked_mean(
         _math.k3(logp, ref_logp.detach(), valid)[0],
         valid,
-        _math.as_float(valid, logp.dtype).sum(-1),
+        _math.row_sum(_math.as_float(valid, logp.dtype), seg),
+        seg,
     )
 
 
@@ -111,6 +144,7 @@ def clip_metrics(
     epsilon: float = 0.4,
     epsilon_high: float | None = None,
     dual_clip: float | None = None,
+    cu_seqlens: Tensor | None = None,
 ) -> ClipStats:
     """Where the one-sided clip took effect, and the range of the unclipped log-ratio.
 
@@ -120,16 +154,24 @@ def clip_metrics(
     denominators (as in TRL and verl).
 
     Shape:
-        log_ratio, mask: (B, T). advantages: (B,).
+        log_ratio, mask: (B, T). advantages: (B,). Packed, with ``cu_seqlens`` (S + 1,):
+        log_ratio and mask (N,), advantages (S,).
     """
     h = _hyper(epsilon, epsilon_high, dual_clip)
-    _checks.check_log_ratio_inputs(log_ratio, advantages)
+    _checks.floating("log_ratio", log_ratio)
+    if cu_seqlens is None:
+        _checks.check_log_ratio_inputs(log_ratio, advantages)
+    else:
+        _checks.real("advantages", advantages)
     _checks.check_devices("log_ratio", log_ratio, {"advantages": advantages, "mask": mask})
+    seg = _segments(cu_seqlens, log_ratio, "log_ratio", advantages.shape[0])
     valid = _math.valid_tokens(_checks.check_mask(mask, log_ratio, "log_ratio"))
     r = torch.where(valid, log_ratio.detach(), 0)
     mf = _math.as_float(valid, r.dtype)
     adv = advantages.detach().to(r.dtype)
-    _, q, cq = _math.sign_space(r, adv, h)
+    _, q, cq = _math.sign_space(r, adv, h, seg)
     s = torch.sign(cq - q)  # -1 where cut at eps, +1 at the dual cap
-    stats = _math.clip_stats(r, mf, s.abs().sum(-1), s.sum(-1), adv, mf.sum(-1))
+    lo, hi = _math.log_ratio_range(r, mf)
+    cut, signed, n = (_math.row_sum(x, seg) for x in (s.abs(), s, mf))
+    stats = _math.clip_stats(lo, hi, cut, signed, adv, n)
     return stats if h.log_dual is not None else stats._replace(num_clipped_dual=None)

@@ -140,6 +140,7 @@ def gmpo_loss(
     ref_logp: ArrayLike | None = None,
     is_weights: ArrayLike | None = None,
     dual_clip: float | None = None,
+    cu_seqlens: ArrayLike | None = None,
 ) -> ReferenceResult:
     """GMPO loss (paper Eq. 4, docs/semantics.md), its closed-form gradient, stats and metrics.
 
@@ -152,10 +153,46 @@ def gmpo_loss(
     d loss / d logp_t = (1/B)·[−A_i·w_i·exp(log_coef_i)/n_i · u_t + β/n_i·(1 − exp(d_t))]
     at valid tokens (u_t = 0 where the clip took effect, else 1), and 0 elsewhere.
 
+    Packed input (``cu_seqlens`` given, S + 1 boundaries from 0 to N, non-decreasing): row i is
+    the tokens ``cu_seqlens[i]:cu_seqlens[i + 1]``, and the result is, by definition, that of
+    the padded rows (``grad_logp`` back at the packed positions).
+
     Shape:
         logp, old_logp, mask, ref_logp: (B, T); advantages: (B,);
         is_weights: (B,), (B, 1) (row weights) or (B, T) (token weights; 0 removes the token).
+        Packed: logp, old_logp, mask, ref_logp: (N,); advantages: (S,); is_weights: (N,)
+        (token weights) or (S, 1) (row weights); grad_logp: (N,).
     """
+    if cu_seqlens is not None:
+        rows, cols = _segment_positions(cu_seqlens, np.shape(logp), np.shape(advantages))
+        # at least 2 columns, so that padded (S, T) token weights never read as (S, 1) row ones
+        length = max(int(cols.max(initial=-1)) + 1, 2)
+        n_rows = len(np.asarray(cu_seqlens)) - 1
+
+        def pad(x: ArrayLike, name: str) -> Float64Array:
+            a = _as_float64(x, name)
+            if a.shape != np.shape(logp):
+                raise ValueError(
+                    f"{name} must have the shape of logp {np.shape(logp)}, got {a.shape}"
+                )
+            out = np.zeros((n_rows, length))
+            out[rows, cols] = a
+            return out
+
+        w = is_weights
+        if w is not None and np.shape(w) != (n_rows, 1):
+            w = pad(w, "is_weights")  # token weights; (S, 1) are row weights
+        result = gmpo_loss(
+            pad(logp, "logp"), None if old_logp is None else pad(old_logp, "old_logp"),
+            advantages, pad(mask, "mask"), epsilon=epsilon, epsilon_high=epsilon_high,
+            beta=beta, ref_logp=None if ref_logp is None else pad(ref_logp, "ref_logp"),
+            is_weights=w, dual_clip=dual_clip,
+        )  # fmt: skip
+        grad = result.grad_logp[rows, cols]  # (N,)
+        return ReferenceResult(
+            result.loss, result.per_sequence_loss, result.log_coef, grad, result.metrics,
+            result.stats,
+        )  # fmt: skip
     eps_l, eps_h = _check_epsilons(epsilon, epsilon_high)
     if not (math.isfinite(beta) and beta >= 0):
         raise ValueError(f"beta must be finite and >= 0, got {beta}")
@@ -254,6 +291,23 @@ def gmpo_loss(
         metrics=metrics,
         stats=stats,
     )
+
+
+def _segment_positions(
+    cu_seqlens: ArrayLike, token_shape: tuple[int, ...], adv_shape: tuple[int, ...]
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """The padded (row, column) of each packed token. Shape: -> (N,), (N,)."""
+    cu = np.asarray(cu_seqlens)
+    if cu.ndim != 1 or cu.dtype.kind not in "iu" or len(token_shape) != 1:
+        raise ValueError("cu_seqlens must be a 1-D integer array, with 1-D (N,) token arrays")
+    if adv_shape != (len(cu) - 1,):
+        raise ValueError(f"advantages must have shape ({len(cu) - 1},), got {adv_shape}")
+    if cu[0] != 0 or cu[-1] != token_shape[0] or np.any(np.diff(cu) < 0):
+        raise ValueError("cu_seqlens must start at 0, end at N and be non-decreasing")
+    lengths = np.diff(cu).astype(np.int64)
+    rows = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    cols = np.arange(token_shape[0], dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), lengths)
+    return rows, cols
 
 
 # --------------------------------------------------------------------------- ablations

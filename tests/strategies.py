@@ -86,3 +86,45 @@ def batches(
 def garbage() -> st.SearchStrategy[float]:
     """Values that must never matter at masked positions."""
     return st.sampled_from([float("nan"), float("inf"), -float("inf"), 1e30, -1e30, 3e38])
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """One drawn packed GMPO call (1-D tokens, ``cu_seqlens``) and ``padded``, the same rows
+    padded: row i is the first ``lengths[i]`` columns of the padded row (the rest masked)."""
+
+    logp: np.ndarray  # (N,)
+    old_logp: np.ndarray  # (N,)
+    advantages: np.ndarray  # (S,)
+    mask: np.ndarray  # (N,)
+    cu_seqlens: np.ndarray  # (S + 1,) int32 or int64
+    kwargs: dict[str, Any]
+    padded: Batch
+
+
+def pack(batch: Batch, lengths: np.ndarray, index_dtype: Any = np.int64) -> PackedBatch:
+    """Row i of ``batch`` cut to its first ``lengths[i]`` columns, packed."""
+    b, t = batch.shape
+    keep = np.arange(t)[None, :] < lengths[:, None]  # (B, T)
+    kw: dict[str, Any] = {}
+    for key, value in batch.kwargs.items():
+        if key == "is_weights" and not (value.ndim == 2 and value.shape[1] > 1):
+            kw[key] = value.reshape(b, 1)  # row weights: (S, 1)
+        elif isinstance(value, np.ndarray):
+            kw[key] = value[keep]  # per token
+        else:
+            kw[key] = value
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(index_dtype)
+    padded = replace(batch, mask=batch.mask & keep)
+    return PackedBatch(batch.logp[keep], batch.old_logp[keep], batch.advantages,
+                       batch.mask[keep], cu, kw, padded)  # fmt: skip
+
+
+@st.composite
+def packed_batches(draw: st.DrawFn, **kw: Any) -> PackedBatch:
+    """A padded batch from :func:`batches`, each row cut to a drawn length (empty segments
+    included) and packed, with int32 or int64 ``cu_seqlens``."""
+    batch = draw(batches(**kw))
+    b, t = batch.shape
+    lengths = np.array(draw(st.lists(st.integers(0, t), min_size=b, max_size=b)), np.int64)
+    return pack(batch, lengths, draw(st.sampled_from([np.int32, np.int64])))

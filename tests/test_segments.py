@@ -1,0 +1,196 @@
+"""Packed input (``cu_seqlens``) beyond the properties: validation, the building blocks, a
+user's ``torch.compile``, the end-to-end path from packed hidden states, and edge cases."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounter
+
+from gmpo_core import (
+    clip_metrics,
+    gmpo_loss,
+    masked_geometric_mean,
+    sequence_kl,
+    token_logprobs,
+    trust_region_log_ratio,
+)
+
+
+def _padded(seed: int = 0, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+    """Five rows of lengths 3, 0, 7, 1, 5 (one empty), holes inside, an A = 0 row."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([3, 0, 7, 1, 5])
+    b, t = len(lengths), int(lengths.max())
+    keep = torch.arange(t)[None, :] < lengths[:, None]
+    logp = -torch.rand(b, t, generator=g, dtype=dtype) * 2
+    return {
+        "logp": logp,
+        "old_logp": logp + 0.5 * torch.randn(b, t, generator=g, dtype=dtype),
+        "advantages": torch.tensor([1.0, -1.0, -0.5, 0.0, 2.0], dtype=dtype),
+        "mask": keep & (torch.rand(b, t, generator=g) > 0.2),
+        "keep": keep,
+    }
+
+
+def _packed(x: dict[str, Any]) -> dict[str, Any]:
+    keep = x["keep"]
+    cu = torch.zeros(len(keep) + 1, dtype=torch.int64)
+    cu[1:] = keep.sum(1).cumsum(0)
+    return {
+        "logp": x["logp"][keep],
+        "old_logp": x["old_logp"][keep],
+        "advantages": x["advantages"],
+        "mask": x["mask"][keep],
+        "cu_seqlens": cu,
+    }
+
+
+# validation -----------------------------------------------------------------------------------
+
+
+def test_cu_seqlens_shape_and_dtype_are_always_checked() -> None:
+    p = _packed(_padded())
+    with pytest.raises(ValueError, match=r"cu_seqlens must be a 1-D int32 or int64 tensor"):
+        gmpo_loss(**{**p, "cu_seqlens": p["cu_seqlens"].float()})
+    with pytest.raises(ValueError, match=r"cu_seqlens must be a 1-D int32 or int64 tensor"):
+        gmpo_loss(**{**p, "cu_seqlens": p["cu_seqlens"][None]})
+    with pytest.raises(ValueError, match=r"length len\(advantages\) \+ 1 = 6"):
+        gmpo_loss(**{**p, "cu_seqlens": p["cu_seqlens"][:-1]})
+    with pytest.raises(ValueError, match=r"cu_seqlens must be a tensor"):
+        gmpo_loss(**{**p, "cu_seqlens": [0, 3, 3, 10, 11, 16]})
+    with pytest.raises(ValueError, match=r"logp must have shape \(N,\)"):
+        gmpo_loss(**{**p, "logp": p["logp"][None]})
+    with pytest.raises(ValueError, match=r"old_logp must have the shape of logp"):
+        gmpo_loss(**{**p, "old_logp": p["old_logp"][:-1]})
+    with pytest.raises(ValueError, match=r"mask must have the shape of logp"):
+        gmpo_loss(**{**p, "mask": p["mask"][:-1]})
+    with pytest.raises(ValueError, match=r"is_weights must have shape \(N,\)"):
+        gmpo_loss(**p, is_weights=torch.ones(5))  # (S,) is ambiguous: not accepted
+    with pytest.raises(ValueError, match=r"cu_seqlens is on device meta"):
+        gmpo_loss(**{**p, "cu_seqlens": p["cu_seqlens"].to("meta")})
+
+
+@pytest.mark.parametrize(
+    ("values", "rule"),
+    [
+        ([1, 3, 3, 10, 11, 16], "start at 0 and end at N"),
+        ([0, 3, 3, 10, 11, 15], "start at 0 and end at N"),
+        ([0, 3, 2, 10, 11, 16], "non-decreasing"),
+    ],
+)
+def test_cu_seqlens_values_are_checked_on_request(values: list[int], rule: str) -> None:
+    p = {**_packed(_padded()), "cu_seqlens": torch.tensor(values)}
+    with pytest.raises(ValueError, match=rule):
+        gmpo_loss(**p, check_values=True)
+    out = gmpo_loss(**p)  # unchecked: no sync, no error, no out-of-bounds access
+    assert out.per_sequence_loss.shape == (5,)
+
+
+# edge cases -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("s", [0, 3])
+def test_no_tokens_at_all(impl: str, s: int) -> None:
+    """N = 0 (S empty segments, or none): the padded (S, 0) call's result."""
+    logp = torch.zeros(0, requires_grad=True)
+    out = gmpo_loss(logp, torch.zeros(0), torch.ones(s), torch.zeros(0, dtype=torch.bool),
+                    cu_seqlens=torch.zeros(s + 1, dtype=torch.int32), impl=impl)  # fmt: skip
+    pad = gmpo_loss(torch.zeros(s, 0), torch.zeros(s, 0), torch.ones(s), torch.zeros(s, 0) > 0)
+    assert out.loss.item() == 0.0 and out.per_sequence_loss.shape == (s,)
+    (grad,) = torch.autograd.grad(out.loss, logp)
+    assert grad.shape == (0,)
+    for k, v in pad.metrics.items():
+        torch.testing.assert_close(out.metrics[k], v, equal_nan=True, msg=k)
+
+
+# building blocks ------------------------------------------------------------------------------
+
+
+def test_building_blocks_take_segments() -> None:
+    x = _padded(1)
+    p = _packed(x)
+    keep, cu = x["keep"], p["cu_seqlens"]
+    r = x["logp"] - x["old_logp"]
+    torch.testing.assert_close(
+        masked_geometric_mean(r[keep], p["mask"], cu_seqlens=cu),
+        masked_geometric_mean(r, x["mask"]),
+    )
+    ref = x["old_logp"] - 0.3
+    torch.testing.assert_close(
+        sequence_kl(x["logp"][keep], ref[keep], p["mask"], cu_seqlens=cu),
+        sequence_kl(x["logp"], ref, x["mask"]),
+    )
+    tr = trust_region_log_ratio(r[keep], x["advantages"], cu_seqlens=cu, dual_clip=2.0)
+    torch.testing.assert_close(tr, trust_region_log_ratio(r, x["advantages"], dual_clip=2.0)[keep])
+    a = clip_metrics(r[keep], x["advantages"], p["mask"], cu_seqlens=cu, epsilon=0.2)
+    b = clip_metrics(r, x["advantages"], x["mask"], epsilon=0.2)
+    for key, value in b.metrics().items():
+        torch.testing.assert_close(a.metrics()[key], value, equal_nan=True, msg=key)
+    with pytest.raises(ValueError, match=r"log_values must have shape \(N,\)"):
+        masked_geometric_mean(r, x["mask"], cu_seqlens=cu)
+    with pytest.raises(ValueError, match=r"length len\(advantages\) \+ 1"):
+        trust_region_log_ratio(r[keep], x["advantages"][:-1], cu_seqlens=cu)
+
+
+# torch.compile ----------------------------------------------------------------------------
+
+
+def test_packed_loss_traces_into_a_user_graph_without_breaks() -> None:
+    counter = CompileCounter()
+
+    def step(x: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        out = gmpo_loss(**x, beta=0.04, epsilon_high=0.28)
+        return out.loss, out.metrics["clip_ratio/high_mean"]
+
+    fn = torch.compile(step, backend=counter, fullgraph=True, dynamic=True)
+    for seed in (0, 1):
+        x = _padded(seed)
+        if seed == 1:  # another N and S
+            x = {k: v[1:] for k, v in x.items()}
+        p = _packed(x)
+        p["ref_logp"] = p["old_logp"] - 0.1
+        p["logp"].requires_grad_()
+        loss, high = fn(p)
+        (grad,) = torch.autograd.grad(loss, p["logp"])
+        expected = gmpo_loss(**p, beta=0.04, epsilon_high=0.28)
+        (expected_grad,) = torch.autograd.grad(expected.loss, p["logp"])
+        torch.testing.assert_close(loss, expected.loss)
+        torch.testing.assert_close(high, expected.metrics["clip_ratio/high_mean"])
+        torch.testing.assert_close(grad, expected_grad)
+    assert counter.frame_count == 1
+
+
+# end to end from hidden states ----------------------------------------------------------------
+
+
+def test_packed_hidden_states_to_loss_equal_padded() -> None:
+    """hidden -> token_logprobs -> gmpo_loss on packed (N, H) hidden states equals the padded
+    (B, T, H) path: loss, and the gradients reaching the hidden states and the LM-head weight."""
+    g = torch.Generator().manual_seed(3)
+    x = _padded(2, torch.float64)
+    keep = x["keep"]
+    b, t = keep.shape
+    hid, vocab = 16, 50
+    hidden = torch.randn(b, t, hid, generator=g, dtype=torch.float64)
+    weight = (0.3 * torch.randn(vocab, hid, generator=g, dtype=torch.float64)).requires_grad_()
+    targets = torch.randint(0, vocab, (b, t), generator=g)
+    old = x["old_logp"]
+    results = []
+    for packed in (False, True):
+        h = (hidden[keep] if packed else hidden).clone().requires_grad_()
+        logps, _ = token_logprobs(h, weight, targets[keep] if packed else targets, chunk_size=7)
+        if packed:
+            out = gmpo_loss(logps, old[keep], x["advantages"], x["mask"][keep],
+                            cu_seqlens=_packed(x)["cu_seqlens"], epsilon_high=0.28)  # fmt: skip
+        else:
+            out = gmpo_loss(logps, old, x["advantages"], x["mask"], epsilon_high=0.28)
+        gh, gw = torch.autograd.grad(out.loss, (h, weight))
+        results.append((out.loss, gh if packed else gh[keep], gw))
+    (loss_pad, gh_pad, gw_pad), (loss_pk, gh_pk, gw_pk) = results
+    torch.testing.assert_close(loss_pk, loss_pad, rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(gh_pk, gh_pad, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(gw_pk, gw_pad, rtol=1e-12, atol=1e-15)
+    assert gw_pad.abs().sum() > 0
