@@ -74,9 +74,11 @@ figures-verl: setup
 	$(BIN)/python scripts/verl_cpu.py
 
 ## docs/benchmarks.md's numbers: the loss benchmark (time per call against TRL's and verl's
-## GMPO, memory, compile time and break-even); benchmarks/results/loss_cpu.md and .json. Minutes.
+## GMPO, memory, compile time and break-even; packed against padded sequences);
+## benchmarks/results/loss_cpu.* and packed_cpu.*. Minutes.
 figures-bench: setup
 	$(BIN)/python benchmarks/bench_loss.py
+	$(BIN)/python benchmarks/bench_packed.py
 
 ## the README's first-run cost: a fresh clone, `make train` (which runs `make setup`), timed;
 ## results/first_run.md. COLD=1 gives pip an empty download cache (downloads everything).

@@ -109,7 +109,7 @@ PAGES: dict[str, Page] = {
         },
     ),
     "docs/benchmarks.md": Page(
-        results=("benchmarks/results/loss_cpu.md",),
+        results=("benchmarks/results/loss_cpu.md", "benchmarks/results/packed_cpu.md"),
         exempt={
             "0.4": "hyper-parameter: GMPO's clip epsilon (the paper's)",
             "32": "a setting: glibc's mmap threshold in MiB",
