@@ -244,15 +244,13 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
     if b.ref_logp is not None:  # the k3 estimator expm1(d) - d, d = ref - logp (S3)
         k, em1 = k3(logp, b.ref_logp.to(dt), valid)  # (B, T) each
         sums["kl"] = row_sum(k, seg)
-    # s = -1 where the clamp cut q at eps, +1 at the dual cap, 0 elsewhere (invalid tokens too)
-    s = torch.sign(cq.detach() - q.detach())  # (B, T)
-    a = s.abs()
-    sums["cut"], sums["signed"] = row_sum(a, seg), row_sum(s, seg)
-    lo, hi = log_ratio_range(r.detach(), mf)
-    totals = None
-    if across is not None:
-        reduced, lo, hi, totals = all_rows(list(sums.values()), lo, hi, across)
+    totals = clip = None
+    if across is not None:  # every sum before the exponential
+        clip = clip_signs(r, q, cq, mf, seg)
+        sums["cut"], sums["signed"] = clip[2], clip[3]
+        reduced, lo, hi, totals = all_rows(list(sums.values()), clip[4], clip[5], across)
         sums = dict(zip(sums, reduced, strict=True))
+        clip = (clip[0], clip[1], sums["cut"], sums["signed"], lo, hi)
     n = sums["n"]
     nf = n.clamp(min=1)
     log_coef = sgn * sums["cq"] / nf  # (B,) the log geometric mean of the clipped ratios (S2)
@@ -269,7 +267,10 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
         kl_rows = sums["kl"]  # (B,)
         per_seq = policy + h.beta * kl_rows / nf
         kl_sum = kl_rows.detach().sum()
-    stats = clip_stats(lo, hi, sums["cut"], sums["signed"], adv, n)
+    if clip is None:  # after the policy term, as compiled code schedules it best
+        clip = clip_signs(r, q, cq, mf, seg)
+    _, a, cut_rows, signed_rows, lo, hi = clip
+    stats = clip_stats(lo, hi, cut_rows, signed_rows, adv, n)
     if h.log_dual is None:
         stats = stats._replace(num_clipped_dual=None)
     rows_b = max(per_seq.shape[0], 1)
@@ -280,6 +281,18 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
         if em1 is not None:
             grad = grad - em1.detach() * to_tokens(h.beta / (nf * rows_b), seg)
     return Forward(loss, per_seq, log_coef, stats, kl_sum, grad, totals)
+
+
+def clip_signs(
+    r: Tensor, q: Tensor, cq: Tensor, mf: Tensor, seg: Segments | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Where the trust region cut: ``s`` = -1 where the clamp cut q at eps, +1 at the dual cap,
+    0 elsewhere (invalid tokens too), ``|s|``, their row sums, and the range of ``r`` over
+    valid tokens (:func:`log_ratio_range`). Shape: (B, T) -> s, |s| (B, T); sums (B,); ()."""
+    s = torch.sign(cq.detach() - q.detach())  # (B, T)
+    a = s.abs()
+    lo, hi = log_ratio_range(r.detach(), mf)
+    return s, a, row_sum(a, seg), row_sum(s, seg), lo, hi
 
 
 def all_rows(

@@ -26,8 +26,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 # The suite exercises many kernel variants (dtypes, optional inputs) in one process: allow them
 # all to compile, and fail loudly instead of silently running a variant eagerly.
 for _key, _value in (
-    ("recompile_limit", 64),
-    ("accumulated_recompile_limit", 512),
+    ("recompile_limit", 256),
+    ("accumulated_recompile_limit", 2048),
     ("fail_on_recompile_limit_hit", True),
 ):
     if hasattr(torch._dynamo.config, _key):  # names of torch >= 2.6; the GPU machine has 2.11
