@@ -35,6 +35,20 @@ def _segments(
     return _math.segments(cu_seqlens.detach(), tokens.shape[0])
 
 
+def _log_ratio_rows(
+    log_ratio: Tensor, advantages: Tensor, cu_seqlens: Tensor | None, others: dict[str, Tensor]
+) -> _math.Segments | None:
+    """Check a log-ratio, its advantages and ``others`` (shapes, dtypes, devices); return the
+    rows of packed input (None: padded)."""
+    _checks.floating("log_ratio", log_ratio)
+    if cu_seqlens is None:
+        _checks.check_log_ratio_inputs(log_ratio, advantages)
+    else:
+        _checks.real("advantages", advantages)
+    _checks.check_devices("log_ratio", log_ratio, {"advantages": advantages, **others})
+    return _segments(cu_seqlens, log_ratio, "log_ratio", advantages.shape[0])
+
+
 def clip_log_ratio(
     log_ratio: Tensor, *, epsilon: float = 0.4, epsilon_high: float | None = None
 ) -> Tensor:
@@ -76,13 +90,7 @@ def trust_region_log_ratio(
         ``log_ratio``.
     """
     h = _hyper(epsilon, epsilon_high, dual_clip)
-    _checks.floating("log_ratio", log_ratio)
-    if cu_seqlens is None:
-        _checks.check_log_ratio_inputs(log_ratio, advantages)
-    else:
-        _checks.real("advantages", advantages)
-    _checks.check_devices("log_ratio", log_ratio, {"advantages": advantages})
-    seg = _segments(cu_seqlens, log_ratio, "log_ratio", advantages.shape[0])
+    seg = _log_ratio_rows(log_ratio, advantages, cu_seqlens, {})
     return _math.trust_region(log_ratio, advantages.detach().to(log_ratio.dtype), h, seg)
 
 
@@ -158,13 +166,7 @@ def clip_metrics(
         log_ratio and mask (N,), advantages (S,).
     """
     h = _hyper(epsilon, epsilon_high, dual_clip)
-    _checks.floating("log_ratio", log_ratio)
-    if cu_seqlens is None:
-        _checks.check_log_ratio_inputs(log_ratio, advantages)
-    else:
-        _checks.real("advantages", advantages)
-    _checks.check_devices("log_ratio", log_ratio, {"advantages": advantages, "mask": mask})
-    seg = _segments(cu_seqlens, log_ratio, "log_ratio", advantages.shape[0])
+    seg = _log_ratio_rows(log_ratio, advantages, cu_seqlens, {"mask": mask})
     valid = _math.valid_tokens(_checks.check_mask(mask, log_ratio, "log_ratio"))
     r = torch.where(valid, log_ratio.detach(), 0)
     mf = _math.as_float(valid, r.dtype)
