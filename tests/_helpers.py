@@ -20,7 +20,7 @@ TOL: dict[torch.dtype, dict[str, tuple[float, float]]] = {
 }
 
 
-def to_torch(batch: Batch, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+def to_torch(batch: Any, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
     """The batch as gmpo_loss arguments; logp is a leaf that requires grad."""
     t = lambda a: torch.tensor(a).to(dtype)  # noqa: E731
     args: dict[str, Any] = {
@@ -45,7 +45,11 @@ def run(
     batch: Batch, impl: str, dtype: torch.dtype = torch.float32
 ) -> tuple[GMPOOutput, torch.Tensor]:
     """Forward, and the gradient of ``loss`` with respect to ``logp``."""
-    args = to_torch(batch, dtype)
+    return loss_and_grad(to_torch(batch, dtype), impl)
+
+
+def loss_and_grad(args: dict[str, Any], impl: str) -> tuple[GMPOOutput, torch.Tensor]:
+    """``gmpo_loss(**args)``, and the gradient of its ``loss`` with respect to ``args["logp"]``."""
     out = gmpo_loss(**args, impl=impl)
     (grad,) = torch.autograd.grad(out.loss, args["logp"])
     return out, grad

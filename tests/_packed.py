@@ -8,33 +8,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from gmpo_core import GMPOOutput, gmpo_loss, reference
+from gmpo_core import GMPOOutput, reference
+from tests._helpers import loss_and_grad, to_torch
 from tests.strategies import PackedBatch
 
 
 def packed_to_torch(batch: PackedBatch, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
     """The packed batch as gmpo_loss arguments; logp is a leaf that requires grad."""
-    t = lambda a: torch.tensor(a).to(dtype)  # noqa: E731
-    args: dict[str, Any] = {
-        "logp": t(batch.logp).requires_grad_(),
-        "old_logp": t(batch.old_logp),
-        "advantages": torch.tensor(batch.advantages),
-        "mask": torch.tensor(batch.mask),
-        "cu_seqlens": torch.tensor(batch.cu_seqlens),
-    }
-    for k, v in batch.kwargs.items():
-        args[k] = t(v) if isinstance(v, np.ndarray) else v
-    return args
+    return {**to_torch(batch, dtype), "cu_seqlens": torch.tensor(batch.cu_seqlens)}
 
 
 def run_packed(
     batch: PackedBatch, impl: str, dtype: torch.dtype = torch.float32
 ) -> tuple[GMPOOutput, torch.Tensor]:
     """Forward, and the gradient of ``loss`` with respect to the packed ``logp``."""
-    args = packed_to_torch(batch, dtype)
-    out = gmpo_loss(**args, impl=impl)
-    (grad,) = torch.autograd.grad(out.loss, args["logp"])
-    return out, grad
+    return loss_and_grad(packed_to_torch(batch, dtype), impl)
 
 
 def ref_packed(batch: PackedBatch) -> reference.ReferenceResult:
