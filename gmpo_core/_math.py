@@ -116,7 +116,13 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def valid_tokens(mask: Tensor, w_tok: Tensor | None = None) -> Tensor:
     """mask != 0, minus the tokens whose rollout weight is exactly 0 (S7). Shape: (B, T) bool."""
-    valid = mask if mask.dtype == torch.bool else mask != 0
+    if mask.dtype == torch.bool:
+        valid = mask
+    elif torch.compiler.is_compiling() and not mask.is_floating_point():
+        # compiled code loads bytes as a mask slowly, as numbers fast; exact for integers
+        valid = mask.to(torch.float32) != 0
+    else:
+        valid = mask != 0
     return valid if w_tok is None else valid & (w_tok != 0)
 
 

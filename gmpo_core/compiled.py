@@ -47,6 +47,8 @@ def kernel() -> Callable[[_math.Batch, _math.Hyper, bool, _math.Across | None], 
 def _serialized(
     b: _math.Batch, h: _math.Hyper, with_grad: bool, across: _math.Across | None = None
 ) -> _math.Forward:
+    if b.mask.dtype == torch.bool:  # a zero-copy view: compiled code loads bytes ~5x faster
+        b = b._replace(mask=b.mask.view(torch.uint8))
     with _LOCK:
         return compiled_forward()(b, h, with_grad, across)
 

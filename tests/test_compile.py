@@ -146,3 +146,37 @@ def test_scaled_loss(impl: str) -> None:
     (unit,) = torch.autograd.grad(gmpo_loss(**x, impl=impl).loss, x["logp"])
     assert unit.abs().sum() > 0
     torch.testing.assert_close(grad, 0.25 * unit)
+
+
+@pytest.mark.parametrize("impl", ["plain", "compiled"])
+@pytest.mark.parametrize("mask_dtype", [torch.uint8, torch.int32, torch.int64, torch.float16])
+def test_mask_of_any_dtype_equals_a_bool_mask(impl: str, mask_dtype: torch.dtype) -> None:
+    """A 0/1 mask of any dtype selects the same tokens as the bool mask (S6). The compiled path
+    reads integer masks as numbers (:func:`gmpo_core._math.valid_tokens`)."""
+    x = _inputs(5, 12, seed=6)
+    kw: dict[str, Any] = {"epsilon_high": 0.28, "dual_clip": 2.0, "is_weights": torch.rand(5, 12)}
+    expected = gmpo_loss(**x, impl="plain", **kw)
+    (expected_grad,) = torch.autograd.grad(expected.loss, x["logp"])
+    out = gmpo_loss(**{**x, "mask": x["mask"].to(mask_dtype)}, impl=impl, **kw)  # type: ignore[arg-type]
+    (grad,) = torch.autograd.grad(out.loss, x["logp"])
+    torch.testing.assert_close(out.per_sequence_loss, expected.per_sequence_loss)
+    torch.testing.assert_close(grad, expected_grad)
+    for key, value in expected.metrics.items():
+        torch.testing.assert_close(out.metrics[key], value, equal_nan=True)
+
+
+def test_compiled_kernel_reads_a_bool_mask_as_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bool mask reaches the compiled forward as a zero-copy uint8 view: compiled CPU code
+    loads a bool tensor ~5x slower than bytes (docs/api.md), which made the kernel 2x slower."""
+    seen: list[torch.Tensor] = []
+
+    def record(b: _math.Batch, *args: Any) -> _math.Forward:
+        seen.append(b.mask)
+        return _math.forward(b, *args)
+
+    monkeypatch.setattr(compiled, "compiled_forward", lambda: record)
+    x = _inputs(3, 7)
+    gmpo_loss(**x, impl="compiled").loss.backward()
+    assert len(seen) == 1
+    assert seen[0].dtype == torch.uint8
+    assert seen[0].data_ptr() == x["mask"].data_ptr()
