@@ -132,10 +132,10 @@ _NOT_NUMBERS = re.compile(
     r"|\b\d+\.\d+\.\d+[\w.+-]*"  # dotted versions 2.13.0, 2.13.0+cpu
 )
 # a number: optional sign (not after a word character), digits with optional thousands commas,
-# decimals, an exponent, a trailing ".x" (1.16.x); not inside a word
+# decimals, an exponent, a trailing ".x" (1.16.x), a ratio's "x" or "×" (10.9x); not inside a word
 _NUMBER = re.compile(
     r"(?<![\w.])(?P<sign>[-−+]?)(?P<body>\d{1,3}(?:,\d{3})+|\d+)(?P<frac>\.\d+)?"
-    r"(?P<exp>e[-−+]?\d+)?(?P<x>\.x)?(?![\w])"
+    r"(?P<exp>e[-−+]?\d+)?(?P<x>\.x)?(?:×|x(?=[\s|,.;:)]|$))?(?![\w])"
 )
 _RESULT_NUMBER = re.compile(r"[-−+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-−+]?\d+)?")
 

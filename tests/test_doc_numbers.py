@@ -54,6 +54,14 @@ def test_rounding_is_at_the_written_precision(tmp_path, monkeypatch) -> None:
     assert len(_check(bad, results, tmp_path, monkeypatch)) == 5
 
 
+def test_a_ratio_is_checked_whole(tmp_path, monkeypatch) -> None:
+    """A ratio written 10.9x is the number 10.9, not 10 (which the results may hold elsewhere)."""
+    results = "| 10 calls | 10.2x |\n"
+    assert _check("10.2x and 10.2× faster", results, tmp_path, monkeypatch) == []
+    problems = _check("10.9x faster", results, tmp_path, monkeypatch)
+    assert problems == ["page.md:1: 10.9 is in no results file of the page"]
+
+
 def test_reports_name_the_line(tmp_path, monkeypatch) -> None:
     page = "text\n```\ncode 1.5\nmore 2.5\n```\nthen 3.75 s\n"
     assert _check(page, "", tmp_path, monkeypatch) == [
