@@ -253,10 +253,10 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
     totals = clip = None
     if across is not None:  # every sum before the exponential
         clip = clip_signs(r, q, cq, mf, seg)
-        sums["cut"], sums["signed"] = clip[2], clip[3]
-        reduced, lo, hi, totals = all_rows(list(sums.values()), clip[4], clip[5], across)
+        sums["cut"], sums["signed"] = clip[1], clip[2]
+        reduced, lo, hi, totals = all_rows(list(sums.values()), clip[3], clip[4], across)
         sums = dict(zip(sums, reduced, strict=True))
-        clip = (clip[0], clip[1], sums["cut"], sums["signed"], lo, hi)
+        clip = (clip[0], sums["cut"], sums["signed"], lo, hi)
     n = sums["n"]
     nf = n.clamp(min=1)
     log_coef = sgn * sums["cq"] / nf  # (B,) the log geometric mean of the clipped ratios (S2)
@@ -275,7 +275,8 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
         kl_sum = kl_rows.detach().sum()
     if clip is None:  # after the policy term, as compiled code schedules it best
         clip = clip_signs(r, q, cq, mf, seg)
-    _, a, cut_rows, signed_rows, lo, hi = clip
+    a, cut_rows, signed_rows, lo, hi = clip
+    del r, q, cq  # no longer needed: the gradient's (B, T) temporaries can take their memory
     stats = clip_stats(lo, hi, cut_rows, signed_rows, adv, n)
     if h.log_dual is None:
         stats = stats._replace(num_clipped_dual=None)
@@ -291,14 +292,15 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
 
 def clip_signs(
     r: Tensor, q: Tensor, cq: Tensor, mf: Tensor, seg: Segments | None
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Where the trust region cut: ``s`` = -1 where the clamp cut q at eps, +1 at the dual cap,
-    0 elsewhere (invalid tokens too), ``|s|``, their row sums, and the range of ``r`` over
-    valid tokens (:func:`log_ratio_range`). Shape: (B, T) -> s, |s| (B, T); sums (B,); ()."""
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Where the trust region cut, with ``s`` = -1 where the clamp cut q at eps, +1 at the dual
+    cap, 0 elsewhere (invalid tokens too): ``|s|``, the row sums of ``|s|`` and ``s``, and the
+    range of ``r`` over valid tokens (:func:`log_ratio_range`). Shape: (B, T) -> |s| (B, T);
+    sums (B,); ()."""
+    lo, hi = log_ratio_range(r.detach(), mf)  # first: fewer (B, T) tensors alive at once
     s = torch.sign(cq.detach() - q.detach())  # (B, T)
     a = s.abs()
-    lo, hi = log_ratio_range(r.detach(), mf)
-    return s, a, row_sum(a, seg), row_sum(s, seg), lo, hi
+    return a, row_sum(a, seg), row_sum(s, seg), lo, hi
 
 
 def all_rows(
