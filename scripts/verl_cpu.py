@@ -26,7 +26,6 @@ import platform
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -54,7 +53,6 @@ RUNS = (  # name, trainer.use_v1, loss_mode
 )
 _PREFIXED_STEP = re.compile(r"^(\(\w+)(?: pid=\d+)?(\) )(step:\d+ - .*)$")
 _SYNC = re.compile(r"^\((\w+)(?: pid=\d+)?\) (hf rollout: weights synced .*)$")
-ENGINE_WORKER = ROOT / "tests" / "verl" / "_engine_worker.py"
 ENGINE_MODES = ("gmpo", "geo_mean")
 
 
@@ -100,17 +98,10 @@ def trainer_run(files: dict[str, Path], workdir: Path, v1: bool, loss_mode: str,
 
 
 def engine_run(workdir: Path, nproc: int, *args: str) -> dict[str, Any]:
-    """``torchrun --nproc_per_node NPROC _engine_worker.py`` as test_engine.py launches it."""
+    """``torchrun --nproc_per_node NPROC _engine_worker.py`` (``_e2e.launch_engine``, as
+    test_engine.py runs it), waited for; its JSON report."""
     workdir.mkdir(parents=True, exist_ok=True)
-    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
-    out = workdir / "result.json"
-    env = os.environ | {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen(
-        [torchrun, "--standalone", "--nproc_per_node", str(nproc), str(ENGINE_WORKER),
-         str(workdir / "model"), str(out), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=workdir,
-        start_new_session=True,
-    )  # fmt: skip
+    proc, out = _e2e.launch_engine(nproc, workdir, *args)
     try:
         log, _ = proc.communicate(timeout=900)
     finally:

@@ -16,6 +16,7 @@ import os
 import random
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 SUPPORT_MODULE = "tests.verl._cpu_support"
+ENGINE_WORKER = Path(__file__).with_name("_engine_worker.py")
 # the tokenizer: characters, plus what verl's Qwen continuous-token builder needs ("\n" as one
 # token and <|im_end|>); a Qwen-style chat template
 SPECIALS = ("<pad>", "<|im_start|>", "<|im_end|>")
@@ -215,6 +217,32 @@ def environment(**extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def launch_engine(nproc: int, workdir: Path, *args: str) -> tuple[subprocess.Popen[str], Path]:
+    """``torchrun --nproc_per_node NPROC _engine_worker.py WORKDIR/model WORKDIR/result.json
+    ARGS`` started in its own process group (so that torchrun and its workers end together);
+    returns the process and the path of the JSON report it writes."""
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
+    out = workdir / "result.json"
+    env = os.environ | {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen(
+        [torchrun, "--standalone", "--nproc_per_node", str(nproc), str(ENGINE_WORKER),
+         str(workdir / "model"), str(out), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=workdir,
+        start_new_session=True,
+    )  # fmt: skip
+    return proc, out
+
+
+def compose_config(overrides: list[str]) -> Any:
+    """verl's ``ppo_trainer`` config composed with ``overrides``, as ``main_ppo`` composes it."""
+    import hydra
+    import verl
+
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with hydra.initialize_config_dir(config_dir=config_dir, version_base=None):
+        return hydra.compose(config_name="ppo_trainer", overrides=overrides)
 
 
 def run(workdir: Path, args: list[str], timeout: float, **env: str) -> tuple[int, str]:

@@ -70,15 +70,12 @@ def test_smoke_script_parses_and_its_commands_exist() -> None:
 
 def test_overrides_compose_into_a_gmpo_config(tmp_path: Path) -> None:
     pytest.importorskip("verl")
-    import hydra
-    import verl
     from verl.utils.config import omega_conf_to_dataclass
 
     files = {k: tmp_path / k for k in ("model", "tokenizer", "data", "reward")}
-    overrides = _e2e.overrides(files, tmp_path, v1=False, loss_mode="gmpo_dual_clip")
-    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-    with hydra.initialize_config_dir(config_dir=config_dir, version_base=None):
-        config = hydra.compose(config_name="ppo_trainer", overrides=overrides)
+    config = _e2e.compose_config(
+        _e2e.overrides(files, tmp_path, v1=False, loss_mode="gmpo_dual_clip")
+    )
     actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
     assert actor.policy_loss.loss_mode == "gmpo_dual_clip"
     assert actor.loss_agg_mode == "seq-mean-token-mean"

@@ -16,11 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,23 +24,11 @@ import pytest
 pytest.importorskip("verl")
 pytest.importorskip("transformers")
 
+from tests.verl import _e2e
+
 pytestmark = pytest.mark.verl
 
-WORKER = Path(__file__).with_name("_engine_worker.py")
 RTOL = 2e-3
-
-
-def _launch(nproc: int, workdir: Path, *args: str) -> tuple[subprocess.Popen[str], Path]:
-    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
-    out = workdir / "result.json"
-    env = os.environ | {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen(
-        [torchrun, "--standalone", "--nproc_per_node", str(nproc), str(WORKER),
-         str(workdir / "model"), str(out), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=workdir,
-        start_new_session=True,  # its own process group: torchrun and its workers end together
-    )  # fmt: skip
-    return proc, out
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +37,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
     modes = ["--loss-modes", "gmpo", "geo_mean", "gmpo@token-mean"]
     split = ["--dynamic-tokens", "24", "--micro"]  # 24 tokens: 3 uneven micro-batches of 8 rows
     launches = {
-        1: _launch(1, tmp_path_factory.mktemp("dp1"), *modes, *split, "1", "2", "4", "--step"),
-        2: _launch(2, tmp_path_factory.mktemp("dp2"), *modes, *split, "1", "2"),
+        1: _e2e.launch_engine(
+            1, tmp_path_factory.mktemp("dp1"), *modes, *split, "1", "2", "4", "--step"
+        ),
+        2: _e2e.launch_engine(2, tmp_path_factory.mktemp("dp2"), *modes, *split, "1", "2"),
     }
     results = {}
     try:

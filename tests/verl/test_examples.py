@@ -6,7 +6,6 @@ verl's config classes reject unknown keys; this catches a renamed key or a typo 
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 from pathlib import Path
@@ -15,9 +14,9 @@ import pytest
 
 pytest.importorskip("verl")
 
-import hydra
-import verl
 from verl.utils.config import omega_conf_to_dataclass
+
+from tests.verl import _e2e
 
 pytestmark = pytest.mark.verl
 
@@ -40,10 +39,7 @@ def _overrides(text: str) -> list[str]:
 
 
 def test_example_overrides_compose_into_a_gmpo_actor_config() -> None:
-    overrides = _overrides(SCRIPT.read_text())
-    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-    with hydra.initialize_config_dir(config_dir=config_dir, version_base=None):
-        config = hydra.compose(config_name="ppo_trainer", overrides=overrides)
+    config = _e2e.compose_config(_overrides(SCRIPT.read_text()))
     actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
     assert actor.policy_loss.loss_mode == "gmpo"
     assert actor.loss_agg_mode == "seq-mean-token-mean"
