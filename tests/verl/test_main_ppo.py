@@ -80,7 +80,9 @@ def test_three_steps_with_finite_gmpo_metrics(runs: dict[str, Any], trainer: str
         for key in keys:
             assert key in metrics, (step, key, sorted(metrics))
             assert math.isfinite(metrics[key]), (step, key, metrics[key])
-        assert metrics["actor/ppo_kl"] > 0, (step, metrics["actor/ppo_kl"])  # off-policy updates
+        # off-policy updates: the policy drifted from the rollout's. verl's ppo_kl is the mean of
+        # old_log_prob - log_prob (the k1 estimator), whose sign is not fixed: a run had -0.043
+        assert metrics["actor/ppo_kl"] != 0, (step, metrics["actor/ppo_kl"])
         assert metrics["actor/log_ratio_min"] < 0 < metrics["actor/log_ratio_max"], step
         for key in ("actor/pg_clipfrac", "actor/pg_clipfrac_lower"):
             assert 0 <= metrics[key] <= 1, (step, key, metrics[key])
