@@ -6,37 +6,17 @@ the device. Checks that must read tensor *values* live in :func:`check_values` a
 
 from __future__ import annotations
 
-import math
-from numbers import Real
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from gmpo_core._math import Hyper
-
-IMPLS = ("plain", "compiled")
+from gmpo_core.options import check_beta, check_hyperparameters
 
 
 def _fmt(t: Tensor) -> str:
     return f"shape {tuple(t.shape)} and dtype {t.dtype}"
-
-
-def check_hyperparameters(
-    epsilon: float, epsilon_high: float | None, dual_clip: float | None = None
-) -> tuple[float, float, float | None]:
-    """Validate the clip range; return ``(eps_low, eps_high, log_dual_clip)``."""
-    eps_low = _positive_finite("epsilon", epsilon)
-    eps_high = eps_low if epsilon_high is None else _positive_finite("epsilon_high", epsilon_high)
-    log_dual = None
-    if dual_clip is not None:
-        if not _is_real(dual_clip) or not 1 < dual_clip < math.inf:
-            raise ValueError(
-                f"dual_clip must be a finite number > 1 (a cap on the ratio for negative "
-                f"advantages), got {dual_clip!r}"
-            )
-        log_dual = math.log(dual_clip)
-    return eps_low, eps_high, log_dual
 
 
 def hyper(
@@ -48,24 +28,7 @@ def hyper(
 ) -> Hyper:
     """Validate the hyper-parameters of :func:`gmpo_core.gmpo_loss`."""
     eps_low, eps_high, log_dual = check_hyperparameters(epsilon, epsilon_high, dual_clip)
-    return Hyper(eps_low, eps_high, log_dual, check_beta(beta, ref_logp))
-
-
-def check_impl(impl: str) -> str:
-    if impl not in IMPLS:
-        raise ValueError(
-            f"impl must be 'plain' (the default) or 'compiled', got {impl!r} (0.1's 'eager' is "
-            "now 'plain'; its 'auto' is gone: the default path is plain PyTorch)"
-        )
-    return impl
-
-
-def check_beta(beta: float, ref_logp: Tensor | None) -> float:
-    if not _is_real(beta) or not 0 <= beta < math.inf:
-        raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
-    if beta != 0 and ref_logp is None:
-        raise ValueError(f"beta={beta} needs ref_logp (the reference policy's log-probs), got None")
-    return float(beta)
+    return Hyper(eps_low, eps_high, log_dual, check_beta(beta, ref_logp is not None))
 
 
 def check_log_ratio_inputs(log_ratio: Tensor, advantages: Tensor, name: str = "log_ratio") -> None:
@@ -236,17 +199,6 @@ def check_values(
         ok = torch.where(w_valid, is_weights.isfinite() & (is_weights >= 0), True)
         if not bool(ok.all()):
             raise ValueError("is_weights must be finite and >= 0 at valid positions")
-
-
-def _is_real(x: object) -> bool:
-    return isinstance(x, Real) and not isinstance(x, bool)
-
-
-def _positive_finite(name: str, x: object) -> float:
-    # comparisons rather than math.isfinite: NaN fails them too, and they trace under dynamo
-    if not _is_real(x) or not 0 < x < math.inf:  # type: ignore[operator]
-        raise ValueError(f"{name} must be a finite number > 0 (a log-space bound), got {x!r}")
-    return float(x)  # type: ignore[arg-type]
 
 
 def floating(name: str, t: object) -> None:

@@ -7,15 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from gmpo_core import _checks, _math, compiled
 from gmpo_core.metrics import ClipStats
-
-Impl = Literal["plain", "compiled"]
+from gmpo_core.options import Impl, check_impl
 
 
 @dataclass(frozen=True)
@@ -115,7 +114,7 @@ def gmpo_loss(
         _checks.check_packed_inputs(
             _checks.Packed(logp, old_logp, advantages, mask, ref_logp, is_weights), cu_seqlens
         )
-    _checks.check_impl(impl)
+    check_impl(impl)
     if check_values:
         _checks.check_values(logp, old_logp, advantages, mask, ref_logp, is_weights)
         if cu_seqlens is not None:

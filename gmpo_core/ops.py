@@ -13,6 +13,7 @@ from torch import Tensor
 
 from gmpo_core import _checks, _math
 from gmpo_core.metrics import ClipStats
+from gmpo_core.options import check_hyperparameters
 
 
 def _hyper(epsilon: float, epsilon_high: float | None, dual_clip: float | None) -> _math.Hyper:
@@ -60,7 +61,7 @@ def clip_log_ratio(
     Shape:
         log_ratio: any shape. Output: the same shape.
     """
-    eps_low, eps_high, _ = _checks.check_hyperparameters(epsilon, epsilon_high)
+    eps_low, eps_high, _ = check_hyperparameters(epsilon, epsilon_high)
     _checks.floating("log_ratio", log_ratio)
     return log_ratio.clamp(min=-eps_low, max=eps_high)
 

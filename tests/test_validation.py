@@ -14,6 +14,7 @@ from gmpo_core import (
     clip_metrics,
     gmpo_loss,
     masked_geometric_mean,
+    options,
     sequence_kl,
     trust_region_log_ratio,
 )
@@ -125,8 +126,8 @@ def test_validation_does_not_synchronize_with_the_device() -> None:
     meta = {k: v.to("meta") for k, v in good().items()}
     from gmpo_core import _checks
 
-    _checks.check_hyperparameters(0.4, 0.28, 3.0)
-    _checks.check_beta(0.1, meta["logp"])
+    options.check_hyperparameters(0.4, 0.28, 3.0)
+    options.check_beta(0.1, True)
     _checks.check_gmpo_inputs(
         meta["logp"],
         meta["old_logp"],
@@ -140,3 +141,16 @@ def test_validation_does_not_synchronize_with_the_device() -> None:
     # and the eager loss itself runs on meta tensors end to end (no .item(), no host sync)
     out = gmpo_loss(**meta, impl="plain")
     assert out.loss.device.type == "meta" and out.loss.shape == ()
+
+
+def test_option_rules_load_without_torch() -> None:
+    """The adapters' configs and command-line help check options with gmpo_core.options, which
+    must not load torch (the CLI's --help does not)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, gmpo_core.options as o; o.check_hyperparameters(0.4, None, 2.0); "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -13,15 +13,15 @@ depends on it stay fast.
 from __future__ import annotations
 
 import warnings
+from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
-
-import trl  # its top level is lazy: only the version is read here
 
 from gmpo_trl.fields import TESTED_TRL
 
-if not trl.__version__.startswith(TESTED_TRL + "."):
+_TRL = version("trl")  # read from the metadata: importing trl is left to what needs it
+if not _TRL.startswith(TESTED_TRL + "."):
     warnings.warn(
-        f"gmpo_trl is tested with trl {TESTED_TRL}.x; trl {trl.__version__} is installed",
+        f"gmpo_trl is tested with trl {TESTED_TRL}.x; trl {_TRL} is installed",
         stacklevel=2,
     )
 

@@ -1,0 +1,66 @@
+"""The rules for :func:`gmpo_core.gmpo_loss`'s options that need no tensor: the path names and
+the hyper-parameter checks. Pure Python (no torch), so the adapters' configs and command-line
+help check the same rules without loading torch; docs/semantics.md states them.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+from typing import Literal
+
+Impl = Literal["plain", "compiled"]
+#: ``impl`` values of :func:`gmpo_core.gmpo_loss`; the first is the default.
+IMPLS: tuple[Impl, ...] = ("plain", "compiled")
+
+
+def check_impl(impl: object, name: str = "impl") -> Impl:
+    """``impl`` is one of :data:`IMPLS`; ``name`` is what the caller calls the option."""
+    if impl not in IMPLS:
+        raise ValueError(
+            f"{name} must be 'plain' (the default) or 'compiled', got {impl!r} (0.1's 'eager' is "
+            "now 'plain'; its 'auto' is gone: the default path is plain PyTorch)"
+        )
+    return impl
+
+
+def check_hyperparameters(
+    epsilon: object,
+    epsilon_high: object | None,
+    dual_clip: object | None = None,
+    *,
+    names: tuple[str, str, str] = ("epsilon", "epsilon_high", "dual_clip"),
+) -> tuple[float, float, float | None]:
+    """Validate the clip range; return ``(eps_low, eps_high, log_dual_clip)``. ``names`` are
+    what the caller calls the three options (an adapter's field names)."""
+    eps_low = positive_finite(names[0], epsilon)
+    eps_high = eps_low if epsilon_high is None else positive_finite(names[1], epsilon_high)
+    log_dual = None
+    if dual_clip is not None:
+        if not is_real(dual_clip) or not 1 < dual_clip < math.inf:  # type: ignore[operator]
+            raise ValueError(
+                f"{names[2]} must be a finite number > 1 (a cap on the ratio for negative "
+                f"advantages), got {dual_clip!r}"
+            )
+        log_dual = math.log(dual_clip)  # type: ignore[arg-type]
+    return eps_low, eps_high, log_dual
+
+
+def check_beta(beta: object, has_ref_logp: bool) -> float:
+    """``beta`` is a finite number >= 0, and not 0 only with the reference log-probs."""
+    if not is_real(beta) or not 0 <= beta < math.inf:  # type: ignore[operator]
+        raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
+    if beta != 0 and not has_ref_logp:
+        raise ValueError(f"beta={beta} needs ref_logp (the reference policy's log-probs), got None")
+    return float(beta)  # type: ignore[arg-type]
+
+
+def is_real(x: object) -> bool:
+    return isinstance(x, Real) and not isinstance(x, bool)
+
+
+def positive_finite(name: str, x: object) -> float:
+    # comparisons rather than math.isfinite: NaN fails them too, and they trace under dynamo
+    if not is_real(x) or not 0 < x < math.inf:  # type: ignore[operator]
+        raise ValueError(f"{name} must be a finite number > 0 (a log-space bound), got {x!r}")
+    return float(x)  # type: ignore[arg-type]
