@@ -60,16 +60,13 @@ def sums(stats: ClipStats, kl_sum: Tensor | None = None) -> Tensor:
 def minima(stats: ClipStats) -> Tensor:
     """What is min-reduced across processes: ``[log_ratio_min, -log_ratio_max, row_clip_low_min,
     -row_clip_high_max]``. Shape: (4,), the statistics' float dtype."""
-    parts = (
+    parts = (  # maxima stored negated
         stats.log_ratio_min,
-        stats.log_ratio_max,
+        -stats.log_ratio_max,
         stats.row_clip_low_min,
-        stats.row_clip_high_max,
+        -stats.row_clip_high_max,
     )
-    return (torch.stack(parts) * _MIN_SIGNS.to(stats.log_ratio_min.dtype)).detach()
-
-
-_MIN_SIGNS = torch.tensor([1.0, -1.0, 1.0, -1.0])  # maxima stored negated
+    return torch.stack(parts).detach()
 
 
 def metrics(sums: Tensor, minima: Tensor, dual: bool, kl: bool = False) -> dict[str, Tensor]:
