@@ -36,7 +36,9 @@ from _study_plot import plot
 from _study_report import DROP, WINDOW, collapse, tables
 from _study_run import Setup, init_worker, run_job, warm_job
 
-FULL = {"methods": ",".join(METHODS), "lr": "1e-3,2e-3,5e-3,1e-2", "grad_clip": "none,1.0",
+# the learning rates in run order: the stress point first, then outward (a sweep cut short has
+# whole learning rates, the most informative first)
+FULL = {"methods": ",".join(METHODS), "lr": "5e-3,2e-3,1e-2,1e-3", "grad_clip": "none,1.0",
         "seeds": "0,1,2,3,4", "steps": 100}  # fmt: skip
 QUICK = {"methods": "grpo,gmpo", "lr": "5e-3", "grad_clip": "none", "seeds": "0,1", "steps": 6}
 QUICK_SETUP = {"length": 6, "warm_steps": 40, "prompts": 8, "minibatches": 4}
