@@ -43,8 +43,9 @@ bench: setup
 ## every measured number and figure that README.md, docs/trl.md, docs/lm_head.md, docs/verl.md,
 ## docs/benchmarks.md and docs/study.md quote:
 ## results/ (gmpo train, gmpo compare --seeds 5, the first-run cost), benchmarks/results/ (the
-## LM-head benchmarks) and docs/img/; about 70 minutes on two cores. Each step is a target of
-## its own; add a page's commands as a new figures-* target and list it here.
+## LM-head benchmarks), results/study/ (the stability study) and docs/img/; about 105 minutes on
+## two cores. Each step is a target of its own; add a page's commands as a new figures-* target
+## and list it here.
 ## `make check-numbers` (and tests/test_doc_numbers.py) checks the pages against the results.
 figures: figures-trl figures-lm-head figures-verl figures-bench figures-study first-run
 
