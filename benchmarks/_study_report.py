@@ -110,6 +110,20 @@ def tables(records: list[dict[str, Any]], methods: list[str]) -> str:
             total, n_all = total + k, n_all + len(runs)
             row.append(f"{k}/{len(runs)}" if runs else "—")
         lines.append(f"| {m} | " + " | ".join(row) + f" | {total}/{n_all} |")
+    lines += ["", "## Runs that ended below their warm start (final reward < warm-start reward)",
+              "", "Descriptive, defined after the first results: a run that falls from the warm "
+              "start straight to 0 never has a peak 0.3 above its end, so the collapse rule "
+              "above does not count it.", "",
+              "| method | " + " | ".join(cell_name(c) for c in cells) + " | all |",
+              "|---|" + "---:|" * (len(cells) + 1)]  # fmt: skip
+    for m in methods:
+        row, total, n_all = [], 0, 0
+        for c in cells:
+            runs = by.get((m, *c), [])
+            k = sum(r["final_reward"] < r["start_reward"] for r in runs)
+            total, n_all = total + k, n_all + len(runs)
+            row.append(f"{k}/{len(runs)}" if runs else "—")
+        lines.append(f"| {m} | " + " | ".join(row) + f" | {total}/{n_all} |")
     lines += ["", "## Per method and cell (mean ± std over seeds; median in brackets)", "",
               "| cell | method | final reward | peak reward | largest grad norm | "
               "log-ratio min | log-ratio max | max abs log-ratio, steps 1-10 | final entropy |",

@@ -102,6 +102,37 @@ def record(job: tuple[str, float, float | None, int], warm: dict[str, Any],
     }  # fmt: skip
 
 
+class Invocation:
+    """This invocation's line in ``invocations.jsonl`` (one line per invocation that computed
+    something in the directory), rewritten after every finished job: an interrupted sweep keeps
+    the wall-clock and CPU time it spent."""
+
+    def __init__(self, path: Path, workers: int) -> None:
+        self.path, self.t0 = path, time.time()
+        self.rec: dict[str, Any] = {
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.t0)),
+            "workers": workers, "load_start": round(os.getloadavg()[0], 2),
+            "wall_s": 0.0, "runs": 0, "warm_starts": 0, "cpu_s": 0.0,
+        }  # fmt: skip
+        self.lines = path.read_text().splitlines() if path.exists() else []
+
+    def update(self, **add: float) -> None:
+        for key, value in add.items():
+            self.rec[key] += value
+        self.rec["wall_s"] = round(time.time() - self.t0, 1)
+        self.rec["load_now"] = round(os.getloadavg()[0], 2)
+        self.path.write_text("".join(f"{x}\n" for x in [*self.lines, json.dumps(self.rec)]))
+
+
+def _load(x: float | None) -> str:
+    return "—" if x is None else f"{x:.1f}"
+
+
+def invocations(out: Path) -> list[dict[str, Any]]:
+    path = out / "invocations.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
 def sweep(args: argparse.Namespace, setup: Setup) -> tuple[list[Any], dict[int, Any], float]:
     """Warm starts, then every run (cached ones reused); returns (records with curves, warm
     starts, CPU seconds spent in this invocation)."""
@@ -111,6 +142,7 @@ def sweep(args: argparse.Namespace, setup: Setup) -> tuple[list[Any], dict[int, 
     ctx = multiprocessing.get_context("spawn")
     start = time.time()
     spent = 0.0
+    log = Invocation(args.out / "invocations.jsonl", args.workers)
     with ProcessPoolExecutor(args.workers, mp_context=ctx, initializer=init_worker) as pool:
         warm: dict[int, Any] = {}
         paths = {s: args.out / "warm" / f"{setup.warm_key()}_seed{s}.pt" for s in args.seeds}
@@ -120,6 +152,7 @@ def sweep(args: argparse.Namespace, setup: Setup) -> tuple[list[Any], dict[int, 
                                           [str(paths[s]) for s in todo]), strict=True):  # fmt: skip
             meta[s].write_text(json.dumps(info) + "\n")
             spent += info["cpu_s"]
+            log.update(warm_starts=1, cpu_s=info["cpu_s"])
             print(f"warm start seed {s}: reward {info['reward']:.3f}, {info['cpu_s']:.1f} s CPU")
         warm = {s: json.loads(meta[s].read_text()) for s in args.seeds}
         # learning-rate major, in the order given: a sweep cut short has whole learning rates
@@ -137,6 +170,7 @@ def sweep(args: argparse.Namespace, setup: Setup) -> tuple[list[Any], dict[int, 
             result = fut.result()
             spent += result["cpu_s"]
             cache[j].write_text(json.dumps({"setup": sdict, **result}) + "\n")
+            log.update(runs=1, cpu_s=result["cpu_s"])
             print(f"[{n}/{len(todo_jobs)} at {time.time() - start:.0f} s] {run_name(*j)}: final reward "
                   f"{collapse(result['curves']['reward']).final:.3f}, {result['cpu_s']:.1f} s CPU",
                   flush=True)  # fmt: skip
@@ -164,6 +198,8 @@ def main(argv: list[str]) -> int:
     )
     plot(records, curves, args.methods, cell, out / "stability.png")
     cpu_runs = sum(r["cpu_s"] for r in records)
+    inv = invocations(out)
+    inv_wall, inv_cpu = sum(i["wall_s"] for i in inv), sum(i["cpu_s"] for i in inv)
     cpu_warm = sum(w["cpu_s"] for w in warm.values())
     command = shlex.join(["python", "benchmarks/stability.py", *argv])
     head = [
@@ -180,7 +216,14 @@ def main(argv: list[str]) -> int:
         f"{(cpu_runs + cpu_warm) / args.workers / 60:.1f} min",
         f"- this invocation: {wall:.0f} s wall-clock ({wall / 60:.1f} min), {spent:.0f} s CPU "
         f"computed (the rest reused from {out}/runs), {args.workers} workers, load average "
-        f"{load0[0]:.1f} at the start and {os.getloadavg()[0]:.1f} at the end", "",
+        f"{load0[0]:.1f} at the start and {os.getloadavg()[0]:.1f} at the end",
+        f"- every invocation that computed runs in {out}: {len(inv)}, {inv_wall:.0f} s "
+        f"wall-clock ({inv_wall / 60:.1f} min) in all, {inv_cpu:.0f} s CPU computed", "",
+        "| started (UTC) | workers | wall-clock s | runs | warm starts | CPU s | load average "
+        "at the start, at the last run |", "|---|---:|---:|---:|---:|---:|---:|",
+        *(f"| {i['started']} | {i['workers']} | {i['wall_s']:.0f} | {i['runs']} | "
+          f"{i['warm_starts']} | {i['cpu_s']:.0f} | {_load(i.get('load_start'))}, "
+          f"{_load(i.get('load_now'))} |" for i in inv), "",
         "## Warm starts (supervised, per seed; reward and entropy at temperature 1)", "",
         "| seed | reward | entropy |", "|---:|---:|---:|",
         *(f"| {s} | {w['reward']:.3f} | {w['entropy']:.3f} |" for s, w in warm.items()), "",
