@@ -115,6 +115,9 @@ def environment(result: dict[str, object]) -> list[str]:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cpu": f"{cpu_model()}, {torch.get_num_threads()} torch threads ({os.cpu_count()} CPUs visible)",
         "load average": loadavg(),
+        "gpu": f"{torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda}"
+        if torch.cuda.is_available()
+        else "",
         "versions": f"torch {torch.__version__}, Python {platform.python_version()}, "
         f"gmpo {dist_version('gmpo')}, trl {dist_version('trl')}, verl {dist_version('verl')}",
         "allocator": str(result.get("allocator")),
