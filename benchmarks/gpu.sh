@@ -18,14 +18,23 @@
 #                                                # the compiled path left out, nothing written
 #
 # Needs: python with torch, numpy, pytest and hypothesis, and this checkout (put on PYTHONPATH
-# here). PYTHON selects the interpreter (default: python). Exit status: 0 when every step passed.
+# here). PYTHON selects the interpreter (default: python, else python3). Exit status: 0 when every
+# step passed, 1 when a step failed or ran out of time, 2 when it could not start.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD:$PWD/adapters${PYTHONPATH:+:$PYTHONPATH}"
-PY=${PYTHON:-python}
+PY=${PYTHON:-$(command -v python || command -v python3)}
 DRY=${GMPO_GPU_DRY_RUN:-0}
 [ "$DRY" = "" ] && DRY=0
 start=$(date +%s)
+
+missing=$($PY -c "
+import importlib.util as u
+print(' '.join(m for m in ('torch', 'numpy', 'pytest', 'hypothesis') if u.find_spec(m) is None))")
+if [ -n "$missing" ]; then
+  echo "missing Python modules: $missing (install them, or carry their wheels in)" >&2
+  exit 2
+fi
 
 if [ "$DRY" != 0 ]; then
   export GMPO_GPU_DRY_RUN=1

@@ -10,7 +10,7 @@ controller, logged policy loss) ride on the same read.
 The model runs with eager attention: transformers' sdpa mask builder asks the host whether the
 padding mask is all ones (``padding_mask.all()`` in ``masking_utils._ignore_causal_mask_sdpa``),
 a read of the model's, not the adapter's. The stats reductions both adapters call are covered on
-meta in tests/test_devices.py and below.
+meta in tests/test_metrics_devices.py.
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ pytest.importorskip("trl")
 
 import torch
 
-from gmpo_core import gmpo_loss
-from gmpo_core import metrics as gmpo_metrics
 from tests._host_reads import HostReads
 from tests.trl._support import make_inputs, make_trainer
 
@@ -128,19 +126,3 @@ def test_loss_step_on_meta_reads_the_host_once_per_step(tmp_path: Path, name: st
         assert "policy_loss" in logged
     if "aux loss" in name:
         assert "aux_loss" in logged
-
-
-def test_stats_reductions_on_meta() -> None:
-    """``gmpo_core.metrics.sums``/``minima``/``metrics`` as the adapters call them, kl included."""
-    logp = torch.empty(B, T, device="meta", requires_grad=True)
-    out = gmpo_loss(
-        logp, torch.empty(B, T, device="meta"), torch.empty(B, device="meta"),
-        torch.empty(B, T, dtype=torch.bool, device="meta"), beta=0.1,
-        ref_logp=torch.empty(B, T, device="meta"), dual_clip=2.0,
-    )  # fmt: skip
-    s, m = gmpo_metrics.sums(out.stats, out.kl_sum), gmpo_metrics.minima(out.stats)
-    assert s.is_meta and s.shape == (5,) and s.dtype == torch.float64
-    assert m.is_meta and m.shape == (4,)
-    values = gmpo_metrics.metrics(s, m.float(), dual=True, kl=True)
-    assert {"clip_ratio/dual_mean", "kl"} <= set(values)
-    assert all(v.is_meta and v.shape == () for v in values.values())
