@@ -5,12 +5,14 @@ have no values: any host read raises, and so does a constant made on the CPU. Th
 to the end, and its backward reaches every parameter, with exactly one read to the host per step
 (the metrics, intercepted by :class:`tests._host_reads.HostReads`): the adapter synchronizes with
 the device once a step. The host terms that are not GMPO (entropy bonus and its adaptive
-controller, logged policy loss) ride on the same read.
+controller, logged policy loss, MoE aux loss) ride on the same read.
 
 The model runs with eager attention: transformers' sdpa mask builder asks the host whether the
 padding mask is all ones (``padding_mask.all()`` in ``masking_utils._ignore_causal_mask_sdpa``),
-a read of the model's, not the adapter's. The stats reductions both adapters call are covered on
-meta in tests/test_metrics_devices.py.
+a read of the model's, not the adapter's. ``top_entropy_quantile`` < 1 is left out: GRPOTrainer's
+own ``get_high_entropy_mask``, which the adapter reuses, selects the valid tokens by boolean
+indexing (``entropies[mask.bool()]``), a data-dependent shape that reads the host. The stats
+reductions both adapters call are covered on meta in tests/test_metrics_devices.py.
 """
 
 from __future__ import annotations
