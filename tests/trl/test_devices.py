@@ -12,7 +12,10 @@ padding mask is all ones (``padding_mask.all()`` in ``masking_utils._ignore_caus
 a read of the model's, not the adapter's. ``top_entropy_quantile`` < 1 is left out: GRPOTrainer's
 own ``get_high_entropy_mask``, which the adapter reuses, selects the valid tokens by boolean
 indexing (``entropies[mask.bool()]``), a data-dependent shape that reads the host. The stats
-reductions both adapters call are covered on meta in tests/test_metrics_devices.py.
+reductions both adapters call are covered on meta in tests/test_metrics_devices.py. The tokens
+are scored by gmpo's LM head (``gmpo_lm_head``, the default); TRL 1.16's own
+``ChunkedLogProbFunction`` enters ``torch.autocast`` for the input's device type, which ``meta``
+does not have ("unknown device type for autocast").
 """
 
 from __future__ import annotations
@@ -53,7 +56,6 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], tuple[str, ...], str | No
         ("sampling_per_token_logps",),
         None,
     ),
-    "gmpo LM head": ({"gmpo_lm_head": True}, {"drift": 0.5}, (), None),
 }
 
 
@@ -99,7 +101,19 @@ def _moe_model() -> Any:
 
 
 @pytest.mark.parametrize("name", [*CASES, "MoE aux loss, entropy bonus"])
-def test_loss_step_on_meta_reads_the_host_once_per_step(tmp_path: Path, name: str) -> None:
+def test_loss_step_on_meta_reads_the_host_once_per_step(
+    tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gmpo_trl import lm_head
+
+    head_calls = []
+    original = lm_head.token_logprobs
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        head_calls.append(args[0].device.type)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(lm_head, "token_logprobs", counting)
     if name in CASES:
         trainer, inputs = _meta_step(tmp_path, *CASES[name])
     else:
@@ -107,6 +121,7 @@ def test_loss_step_on_meta_reads_the_host_once_per_step(tmp_path: Path, name: st
         trainer, inputs = _meta_step(tmp_path, *case, model=_moe_model())
         assert trainer.aux_loss_enabled
     params = [p for p in trainer.model.parameters() if p.requires_grad]
+    head_calls.clear()  # the inputs' log-probs were scored on the CPU
     with HostReads() as reads:
         for step in range(2):  # the second micro-step closes the accumulation window
             trainer.accelerator.gradient_state._set_sync_gradients(step == 1)
@@ -128,3 +143,4 @@ def test_loss_step_on_meta_reads_the_host_once_per_step(tmp_path: Path, name: st
         assert "policy_loss" in logged
     if "aux loss" in name:
         assert "aux_loss" in logged
+    assert head_calls == ["meta", "meta"]  # gmpo's LM head (the default) scored the tokens
