@@ -68,7 +68,8 @@ def header(call: Call, done: tuple[Hyper, Batch] | None, error: ValueError | Non
     device = call.logp.device if isinstance(call.logp, Tensor) else torch.device("cpu")
     text = b"" if error is None else str(error).encode()[:_MESSAGE_BYTES]
     message = torch.zeros(_MESSAGE_BYTES, dtype=torch.uint8)
-    message[: len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+    if text:
+        message[: len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
     if done is None:
         numbers = torch.full((len(FIELDS),), math.nan, dtype=torch.float64, device=device)
     else:
