@@ -54,7 +54,7 @@ else
   LOSS=(--shapes 64x2048,256x4096,512x8192,1024x16384
         --impls "gmpo plain,gmpo compiled,TRL,verl" --tag cuda_fp32)
   LM_HEAD=(--tokens 1024,4096 --repeats 1 --sweep-repeats 1 --tag cuda)
-  LIMITS=(110 60 60 60)
+  LIMITS=(100 55 55 55)  # 265 s, and the start: within five minutes
   mkdir -p benchmarks/results
   exec > >(tee benchmarks/results/gpu_cuda.log) 2>&1
 fi
