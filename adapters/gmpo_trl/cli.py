@@ -230,6 +230,11 @@ def _parser(command: str, config_cls: type) -> Any:
         def error(self, message: str) -> NoReturn:
             raise CLIError(message)
 
+        def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+            namespace, rest = super().parse_known_args(*args, **kwargs)
+            check_counts(vars(namespace))  # before GRPOConfig divides by them
+            return namespace, rest
+
     return Parser((SCRIPT_ARGS[command], config_cls), prog=f"gmpo {command}")
 
 
@@ -272,12 +277,15 @@ def _parse(
     """(script arguments, config) from argv. Precedence: ``forced`` > command line > YAML
     (--config) > the command's defaults > the toy defaults (when no --model is given) > the
     CPU defaults (no accelerator: use_cpu, no bf16) > the dataclass."""
+    import yaml
+
     forced = forced or {}
     parser = _parser(command, config_cls)
     argv = list(argv)
     probe = argparse.ArgumentParser(add_help=False)
     probe.add_argument("--model")
     probe.add_argument("--output_dir")
+    probe.add_argument("--config")
     known, _ = probe.parse_known_args(argv)
     output_dir = known.output_dir or f"gmpo_{command}_output"
     base: dict[str, Any] = {"output_dir": output_dir, "report_to": []}
@@ -295,11 +303,67 @@ def _parse(
         raise CLIError(str(err).splitlines()[0]) from err
     except FileNotFoundError as err:  # --config
         raise CLIError(f"--config: no such file {err.filename!r}") from err
+    except OSError as err:  # --config names a directory, an unreadable file...
+        raise CLIError(f"--config {known.config!r}: {err.strerror}") from err
+    except yaml.YAMLError as err:
+        raise CLIError(f"--config {known.config!r}: not valid YAML: {_yaml_problem(err)}") from err
     if rest:
         raise CLIError(f"unrecognized arguments: {' '.join(rest)}")
     for key, value in forced.items():  # compare's GRPO side
         setattr(config, key, value)
+    check_config_values(config)
     return script, config
+
+
+def _yaml_problem(err: Exception) -> str:
+    """A YAML error in one line: the problem and where (YAML's own message spans four)."""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    mark = getattr(err, "problem_mark", None)
+    return (
+        problem if mark is None else f"{problem} (line {mark.line + 1}, column {mark.column + 1})"
+    )
+
+
+#: TrainingArguments / GRPOConfig counts that TRL takes as given (0 ends in a ZeroDivisionError
+#: or a sampler's ValueError, deep in the run); None: the option's own rule decides.
+COUNT_OPTIONS = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "num_generations",
+    "num_iterations",
+    "steps_per_generation",
+)
+
+
+def check_counts(values: dict[str, Any]) -> None:
+    """The counts of :data:`COUNT_OPTIONS` are integers >= 1 (or None)."""
+    for name in COUNT_OPTIONS:
+        value = values.get(name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise CLIError(f"--{name} must be an integer >= 1, got {value!r}")
+
+
+def check_config_values(config: Any) -> None:
+    """What TRL checks only once the run is under way (or never): the learning rate, and an
+    output directory that cannot be one."""
+    lr = config.learning_rate
+    if not (isinstance(lr, int | float) and math.isfinite(lr) and lr >= 0):
+        raise CLIError(f"--learning_rate must be a finite number >= 0, got {lr!r}")
+    check_output_dir(config.output_dir)
+
+
+def check_output_dir(spec: str) -> None:
+    """The output directory, or its nearest existing parent, is a directory (it is made later)."""
+    path = Path(spec).expanduser()
+    for existing in (path, *path.parents):
+        if existing.exists():
+            if not existing.is_dir():
+                raise CLIError(
+                    f"--output_dir {spec!r}: {str(existing)!r} is a file, not a directory"
+                )
+            return
 
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")

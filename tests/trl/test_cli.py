@@ -91,15 +91,45 @@ def test_reward_and_dataset_options(tmp_path, monkeypatch):
         (["compare", "--model", "/nonexistent/model"], "--model '/nonexistent/model': no such"),
         (["compare", "--seeds", "0"], "--seeds must be at least 1, got 0"),
         (["train", "--config", "no_such.yaml"], "--config: no such file 'no_such.yaml'"),
+        # issue 19, defect 6: these ended in a traceback and exit 1
+        (["train", "--config", "bad.yaml"],
+         "--config 'bad.yaml': not valid YAML: expected ',' or ']', but got ':' (line 2, "
+         "column 8)"),
+        (["train", "--config", "."], "--config '.': Is a directory"),
+        (["train", "--per_device_train_batch_size", "0"],
+         "--per_device_train_batch_size must be an integer >= 1, got 0"),
+        (["train", "--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps must be"),
+        (["train", "--num_generations", "0"], "--num_generations must be an integer >= 1, got 0"),
+        (["train", "--steps_per_generation", "0"], "--steps_per_generation must be"),
+        (["train", "--num_iterations", "0"], "--num_iterations must be an integer >= 1, got 0"),
+        (["train", "--learning_rate", "-1"], "--learning_rate must be a finite number >= 0, got"),
+        (["compare", "--per_device_train_batch_size", "0"], "--per_device_train_batch_size must"),
     ],
 )  # fmt: skip
 def test_bad_arguments_get_one_line(tmp_path, capsys, monkeypatch, argv, match):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "README.txt").write_text("x")
+    (tmp_path / "bad.yaml").write_text("max_steps: [1\nepsilon: 0.3\n")  # an unclosed list
     assert main([*argv, "--output_dir", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("gmpo") and match in err[0], err
     assert not (tmp_path / "out").exists()  # refused before any work
+
+
+@pytest.mark.parametrize("command", ["train", "compare"])
+@pytest.mark.parametrize("below", ["", "out"])
+def test_output_dir_at_or_below_a_file_is_refused_before_training(tmp_path, capsys, command, below):
+    """Issue 19, defect 6: ``NotADirectoryError`` (traceback, exit 1) once the run tried to save."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    out = blocker / below if below else blocker
+    assert main([command, "--output_dir", str(out), "--max_steps", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"gmpo {command}: error: --output_dir {str(out)!r}: {str(blocker)!r} is a file, "
+        "not a directory"
+    ]
+    assert blocker.read_text() == "x"
 
 
 def test_console_script_error_has_no_traceback(tmp_path):
