@@ -305,7 +305,10 @@ def test_plain_gmpo_ignores_clip_ratio_c(actor_config) -> None:
     assert "actor/pg_clipfrac_dual" not in m_plain and m_dual["actor/pg_clipfrac_dual"] == 1.0
 
 
-@pytest.mark.parametrize(("value", "match"), [(1.0, "dual_clip"), (None, "clip_ratio_c")])
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [(1.0, r"clip_ratio_c must be a finite number > 1 .*got 1.0"), (None, "clip_ratio_c")],
+)
 def test_dual_clip_needs_clip_ratio_c_above_one(actor_config, value: Any, match: str) -> None:
     batch = _batch()
     config = actor_config(info=_info(batch), clip_ratio_c=value)
@@ -385,3 +388,20 @@ def test_property_invariant_to_any_split(batch: Batch, data: st.DataObject, mode
     scale = max(1.0, whole.abs().item(), grad.abs().max().item())
     torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-5 * scale)
     torch.testing.assert_close(grad_split, grad, rtol=1e-5, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize(
+    ("value", "impl"), [(None, "plain"), ("", "plain"), ("compiled", "compiled")]
+)
+def test_impl_from_the_environment(monkeypatch, value: str | None, impl: str) -> None:
+    """GMPO_VERL_IMPL chooses gmpo_core's path by its names (gmpo_core.options); empty is unset."""
+    from gmpo_verl import loss
+
+    if value is None:
+        monkeypatch.delenv(loss.IMPL_ENV, raising=False)
+    else:
+        monkeypatch.setenv(loss.IMPL_ENV, value)
+    assert loss._impl() == impl
+    monkeypatch.setenv(loss.IMPL_ENV, "fast")
+    with pytest.raises(ValueError, match=r"GMPO_VERL_IMPL must be 'plain' \(the default\) or"):
+        loss._impl()
