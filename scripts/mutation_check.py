@@ -118,7 +118,7 @@ M = [
         "gmpo_core/_math.py",
         "rows_b = max(per_seq.shape[0], 1)",
         "rows_b = per_seq.shape[0]",
-        "tests/test_defects.py -k empty_batch",
+        "tests/test_hand_cases.py -k empty_batch",
     ),
     (
         "backward ignores the per-row upstream gradient's B factor",
@@ -139,21 +139,21 @@ M = [
         "gmpo_core/loss.py",
         "if grad is None or g_lc is not None or torch.is_grad_enabled():",
         "if grad is None or g_lc is not None:",
-        "tests/test_defects.py -k 'second_order or penalty'",
+        "tests/test_properties.py -k 'second_order or penalty'",
     ),
     (
         "advantages not detached",
         "gmpo_core/loss.py",
         "adv=advantages.detach(),",
         "adv=advantages,",
-        "tests/test_defects.py -k advantages",
+        "tests/test_compile.py -k advantages_get_no_gradient",
     ),
     (
         "devices not checked",
         "gmpo_core/_checks.py",
         'check_devices("logp", logp, {**named, "is_weights": is_weights})',
         "pass",
-        "tests/test_defects.py -k device",
+        "tests/test_devices.py -k 'another_device or check_devices'",
     ),
     (
         "metrics: region = low only",
@@ -167,14 +167,14 @@ M = [
         "gmpo_core/lm_head.py",
         "sc.mul_(blk.clamp_(min=_LOG_ZERO))",
         "sc.mul_(blk)",
-        "tests/test_defects.py -k masked_vocabulary",
+        "tests/test_lm_head.py -k masked_vocabulary",
     ),
     (
         "verl token-mean accepts too few global tokens",
         "adapters/gmpo_verl/loss.py",
         'if mode == "token-mean" and batch.denominator < local_tokens:',
         "if False:",
-        "tests/test_defects.py -k verl",
+        "tests/verl/test_loss.py -k too_few_global_tokens",
     ),
 ]
 only = sys.argv[1:]

@@ -405,3 +405,26 @@ def test_impl_from_the_environment(monkeypatch, value: str | None, impl: str) ->
     monkeypatch.setenv(loss.IMPL_ENV, "fast")
     with pytest.raises(ValueError, match=r"GMPO_VERL_IMPL must be 'plain' \(the default\) or"):
         loss._impl()
+
+
+# Regression, defect 11 of those found by trying the 0.1 default path as a new user would
+# (CHANGELOG, 0.2): gmpo_verl, token-mean: a batch_num_tokens below the micro-batch's own token count
+# is refused.
+def test_verl_token_mean_refuses_too_few_global_tokens() -> None:
+    from types import SimpleNamespace
+
+    b, t = 9, 11  # 99 response tokens
+    cfg = SimpleNamespace(
+        clip_ratio=0.4, clip_ratio_low=0.4, clip_ratio_high=0.4, clip_ratio_c=3.0,
+        global_batch_info={"dp_size": 1, "global_batch_size": b, "batch_num_tokens": 1},
+    )  # fmt: skip
+    logp = torch.zeros(b, t, requires_grad=True)
+    args = {
+        "old_log_prob": torch.zeros(b, t), "log_prob": logp, "advantages": torch.ones(b, t),
+        "response_mask": torch.ones(b, t), "loss_agg_mode": "token-mean", "config": cfg,
+    }  # fmt: skip
+    with pytest.raises(ValueError, match=r"batch_num_tokens.*1.*99"):
+        gmpo_verl.compute_policy_loss_gmpo(**args)
+    cfg.global_batch_info["batch_num_tokens"] = 99
+    loss, _ = gmpo_verl.compute_policy_loss_gmpo(**args)
+    assert torch.isfinite(loss)
