@@ -133,7 +133,7 @@ def test_documented_difference_loss_agg_mode(actor_config) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# gmpo_core.gmpo_loss itself against geo_mean (formerly tests/test_differential.py): where both
+# gmpo_core.gmpo_loss itself against geo_mean (formerly a module of its own in tests/): where both
 # implement the same thing the values and gradients are equal; the documented differences
 # (docs/differences.md) are asserted as differences.
 # ----------------------------------------------------------------------------------------------
