@@ -128,16 +128,13 @@ def test_validation_does_not_synchronize_with_the_device() -> None:
 
     options.check_hyperparameters(0.4, 0.28, 3.0)
     options.check_beta(0.1, True)
-    _checks.check_gmpo_inputs(
-        meta["logp"],
-        meta["old_logp"],
-        meta["advantages"],
-        meta["mask"],
-        None,
-        torch.ones(B, device="meta"),
+    weights = torch.ones(B, device="meta")
+    inputs = _checks.Inputs(
+        meta["logp"], meta["old_logp"], meta["advantages"], meta["mask"], None, weights
     )
+    _checks.check_inputs(inputs)
     with pytest.raises(ValueError, match="advantages must have shape"):
-        _checks.check_gmpo_inputs(meta["logp"], None, meta["logp"], meta["mask"], None, None)
+        _checks.check_inputs(inputs._replace(advantages=meta["logp"]))
     # and the eager loss itself runs on meta tensors end to end (no .item(), no host sync)
     out = gmpo_loss(**meta, impl="plain")
     assert out.loss.device.type == "meta" and out.loss.shape == ()

@@ -2,4 +2,5 @@
 
 from gmpo_trl.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # importing this module (a scan of the package) runs nothing
+    raise SystemExit(main())
