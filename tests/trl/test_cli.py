@@ -421,6 +421,19 @@ def test_compare_parses_once_into_the_configs_it_built_parsing_twice(tmp_path):
     assert (grpo.max_steps, gmpo.max_steps, gmpo.epsilon, grpo.epsilon) == (9, 9, 0.25, 0.2)
 
 
+def test_a_model_named_in_the_config_file_is_not_the_toy_run(tmp_path):
+    """--model in the YAML file counts as --model: the toy run's settings (learning rate 5e-3,
+    150 steps...) do not apply (before the single parse only the command line's --model did)."""
+    from gmpo_trl.cli.parsing import parse
+
+    (tmp_path / "run.yaml").write_text(f"model: {tmp_path}\nmax_steps: 4\n")
+    toy = parse("train", ["--output_dir", str(tmp_path / "out")])
+    named = parse("train", ["--config", str(tmp_path / "run.yaml"), "--output_dir", str(tmp_path)])
+    assert toy.script.model is None and toy.defaults["learning_rate"] == 5e-3
+    assert named.script.model == str(tmp_path) and "learning_rate" not in named.defaults
+    assert named.values["max_steps"] == 4
+
+
 def test_compare_gmpo_only_options_reach_gmpo_only(tmp_path):
     """``gmpo_impl`` and ``gmpo_lm_head`` (command line or YAML) configure GMPO; GRPO's config
     has no such fields and keeps GRPOConfig's own defaults for the fields GMPO redefines."""
