@@ -104,6 +104,22 @@ def command_line(script: str, argv: Sequence[str]) -> str:
     return "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(script, repo), *argv])
 
 
+def run_meta(script: str, argv: Sequence[str] | None, trl: str | None) -> dict[str, object]:
+    """The facts every report's ``meta`` opens with: the command that reruns ``script`` (``argv``
+    None: this process's), the UTC date, the torch and trl versions."""
+    import datetime
+    import sys
+
+    import torch
+
+    return {
+        "command": command_line(script, sys.argv[1:] if argv is None else argv),
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "torch": torch.__version__,
+        "trl": trl,
+    }
+
+
 def environment(result: dict[str, object]) -> list[str]:
     """The facts a report records, as Markdown list items (and into ``result``)."""
     import datetime

@@ -38,7 +38,6 @@ allocator's view, reset before the call); no plots are drawn.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
@@ -53,11 +52,11 @@ from _common import (
     IMG_DIR,
     REPO,
     RESULTS_DIR,
-    command_line,
     cpu_model,
     dist_version,
     proc_status_kib,
     reset_peak_rss,
+    run_meta,
 )
 
 PATHS = ("materialized", "trl", "gmpo")
@@ -386,12 +385,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.no_write:
         return 0
-    command = command_line(__file__, sys.argv[1:] if argv is None else argv)
     meta = {
-        "command": command,
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "torch": torch.__version__,
-        "trl": trl_version,
+        **run_meta(__file__, argv, trl_version),
         "threads": torch.get_num_threads(),
         "cpu": cpu_model(),
         "device": args.device,
@@ -414,7 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     md = [
         f"# LM-head token log-probs, forward+backward ({meta['date_utc']})",
         "",
-        f"Command: `{command}`  ",
+        f"Command: `{meta['command']}`  ",
         f"torch {meta['torch']}, trl {trl_version}, {meta['threads']} threads, {meta['cpu']}, "
         f"Python {meta['python']}, device {args.device}"
         + (f" ({meta['gpu']})" if cuda else "")

@@ -118,3 +118,18 @@ def well_conditioned(batch: Batch, margin: float = 1e-4) -> bool:
         bounds.append(float(np.log(kw["dual_clip"])))
     r = valid_log_ratio(batch)
     return all(np.all(np.abs(r - b) > margin) for b in bounds)
+
+
+def random_inputs(
+    b: int = 3, t: int = 6, seed: int = 0, dtype: torch.dtype = torch.float32
+) -> dict[str, Any]:
+    """A small random ``gmpo_loss`` batch: ``logp`` (requires grad), ``old_logp`` within about
+    0.5 of it, ``advantages``, and a mask with about a fifth of the tokens left out."""
+    g = torch.Generator().manual_seed(seed)
+    logp = (-torch.rand(b, t, generator=g, dtype=torch.float64) * 2).to(dtype)
+    return {
+        "logp": logp.requires_grad_(),
+        "old_logp": (logp.detach() + 0.5 * torch.randn(b, t, generator=g, dtype=dtype)),
+        "advantages": torch.randn(b, generator=g, dtype=dtype),
+        "mask": torch.rand(b, t, generator=g) > 0.2,
+    }

@@ -149,3 +149,32 @@ def test_building_blocks_on_meta(layout: str) -> None:
     assert all(t.is_meta for t in outs if t is not None)
     (grad,) = torch.autograd.grad(sequence_kl(logp, r, mask, **seg).sum(), logp)
     assert grad.is_meta
+
+
+# Regression, defect 1 of those found by trying the 0.1 default path as a new user would
+# (CHANGELOG, 0.2): tensors on different devices crashed the interpreter on the default path; now a
+# ValueError naming the argument and both devices, before any kernel.
+@pytest.mark.parametrize("name", ["old_logp", "advantages", "mask", "ref_logp", "is_weights"])
+def test_tensors_on_another_device_are_a_value_error(impl: str, name: str) -> None:
+    from tests._helpers import random_inputs
+
+    x = random_inputs()
+    kw: dict[str, Any] = {"beta": 0.1, "ref_logp": x["old_logp"].clone()}
+    if name == "is_weights":
+        kw["is_weights"] = torch.ones(3)
+    target = x if name in x else kw
+    target[name] = target[name].to("meta")
+    with pytest.raises(ValueError, match=rf"{name} is on device meta but logp is on cpu"):
+        gmpo_loss(**x, **kw, impl=impl)
+
+
+def test_building_blocks_check_devices() -> None:
+    r, adv, mask = torch.zeros(2, 3), torch.ones(2), torch.ones(2, 3, dtype=torch.bool)
+    with pytest.raises(ValueError, match="advantages is on device meta"):
+        trust_region_log_ratio(r, adv.to("meta"))
+    with pytest.raises(ValueError, match="mask is on device meta"):
+        masked_geometric_mean(r, mask.to("meta"))
+    with pytest.raises(ValueError, match="ref_logp is on device meta"):
+        sequence_kl(r, r.to("meta"), mask)
+    with pytest.raises(ValueError, match="mask is on device meta"):
+        clip_metrics(r, adv, mask.to("meta"))

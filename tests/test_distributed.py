@@ -251,7 +251,7 @@ def _agreement_worker(rank: int, port: int, outdir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60)
+        "gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=300)
     )
     try:
         assert dist.get_world_size() == WORLD

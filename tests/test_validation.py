@@ -151,3 +151,14 @@ def test_option_rules_load_without_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# Regression, defect 10 of those found by trying the 0.1 default path as a new user would
+# (CHANGELOG, 0.2): check_values=True let NaN advantages through.
+def test_check_values_rejects_nan_advantages(impl: str) -> None:
+    from tests._helpers import random_inputs
+
+    x = random_inputs(seed=10)
+    x["advantages"] = torch.tensor([1.0, math.nan, 0.5])
+    with pytest.raises(ValueError, match="advantages must be finite"):
+        gmpo_loss(**x, impl=impl, check_values=True)

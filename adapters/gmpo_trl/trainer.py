@@ -111,9 +111,7 @@ class GMPOTrainer(GRPOTrainer):
             **{k: inputs.get(k) for k in FORWARD_KEYS},
         )  # logps, entropies: (B, T)
 
-        mask = completion_mask.bool()  # (B, T) the host's valid tokens
-        if "tool_mask" in inputs:
-            mask = mask & inputs["tool_mask"].bool()
+        mask = completion_tokens(inputs)  # (B, T) the host's valid tokens
         advantages = inputs["advantages"]
         if advantages.dim() == 2 and advantages.shape[1] == 1:
             advantages = advantages.squeeze(1)
@@ -294,3 +292,12 @@ class GMPOTrainer(GRPOTrainer):
         for key in values:
             m[key].append(host[key])
         return {key: host[key] for key in pending}
+
+
+def completion_tokens(inputs: dict[str, Any]) -> Tensor:
+    """The completion tokens a loss step reads, (B, T) bool: GRPOTrainer's ``completion_mask``
+    without the tool-result tokens (``tool_mask``, when the batch has one)."""
+    mask = inputs["completion_mask"].bool()
+    if "tool_mask" in inputs:
+        mask = mask & inputs["tool_mask"].bool()
+    return mask
