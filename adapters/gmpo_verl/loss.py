@@ -42,6 +42,7 @@ logger = logging.getLogger("gmpo_verl")
 
 #: The ``loss_agg_mode`` values GMPO accepts, and what each means (see the module docstring).
 LOSS_AGG_MODES = ("seq-mean-token-mean", "token-mean")
+SUM_MODES = ("token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm")  # verl's, refused
 #: Environment variable selecting :func:`gmpo_core.gmpo_loss`'s ``impl`` (verl's config classes
 #: reject unknown keys): ``plain`` (default) or ``compiled``. verl's own
 #: ``actor.use_torch_compile`` does not turn gmpo's compiled path on.
@@ -131,11 +132,19 @@ def check_loss_agg_mode(loss_agg_mode: str) -> str:
                 "number of tokens; the paper's objective is loss_agg_mode=seq-mean-token-mean.",
             )
         return loss_agg_mode
+    use = (
+        "Use loss_agg_mode=seq-mean-token-mean (the paper's objective) or token-mean (each "
+        "sequence weighted by its token count)."
+    )
+    if loss_agg_mode in SUM_MODES:
+        raise ValueError(
+            f"loss_mode=gmpo does not support loss_agg_mode={loss_agg_mode!r}: GMPO's loss is "
+            "one length-normalized term per sequence, and a token sum would rescale it by the "
+            f"sequence length. {use}"
+        )
     raise ValueError(
-        f"loss_mode=gmpo does not support loss_agg_mode={loss_agg_mode!r}: GMPO's loss is one "
-        "length-normalized term per sequence, and a token sum would rescale it by the sequence "
-        "length. Use loss_agg_mode=seq-mean-token-mean (the paper's objective) or token-mean "
-        "(each sequence weighted by its token count)."
+        f"loss_agg_mode={loss_agg_mode!r} is not one of verl's modes "
+        f"({', '.join((*LOSS_AGG_MODES, *SUM_MODES))}). {use}"
     )
 
 

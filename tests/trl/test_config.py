@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.metadata
 import warnings
 
 import pytest
@@ -159,10 +160,18 @@ def test_markdown_table_lists_every_field_and_the_docs_show_it():
 # --------------------------------------------------------------------------------------------
 
 
+def _installed_trl(monkeypatch, version):
+    """gmpo_trl reads trl's version from the package metadata (importing trl is slow)."""
+    real = importlib.metadata.version
+    monkeypatch.setattr(
+        importlib.metadata, "version", lambda name: version if name == "trl" else real(name)
+    )
+
+
 def test_untested_trl_version_warns_once_in_one_line(monkeypatch):
     import gmpo_trl
 
-    monkeypatch.setattr(trl, "__version__", "1.17.0")
+    _installed_trl(monkeypatch, "1.17.0")
     with pytest.warns(
         UserWarning, match=r"tested with trl 1\.16\.x; trl 1\.17\.0 is installed"
     ) as w:
@@ -173,7 +182,7 @@ def test_untested_trl_version_warns_once_in_one_line(monkeypatch):
 def test_tested_trl_version_does_not_warn(monkeypatch):
     import gmpo_trl
 
-    monkeypatch.setattr(trl, "__version__", "1.16.3")
+    _installed_trl(monkeypatch, "1.16.3")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         importlib.reload(gmpo_trl)

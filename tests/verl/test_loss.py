@@ -229,6 +229,18 @@ def test_sum_modes_are_refused_naming_the_mode_to_use(actor_config, mode: str) -
         _call(config, slice(None), batch, batch["log_prob"])
 
 
+def test_an_unknown_mode_is_named_as_unknown(actor_config) -> None:
+    """Defect (issue 19, 8): an unknown loss_agg_mode was refused as if it were "a token sum"."""
+    from gmpo_verl.loss import check_loss_agg_mode
+
+    with pytest.raises(ValueError, match="seq-mean-token-sum") as info:
+        check_loss_agg_mode("seq-mean")
+    assert "is not one of verl's modes" in str(info.value)
+    assert "token sum" not in str(info.value)
+    with pytest.raises(ValueError, match="a token sum would rescale"):
+        check_loss_agg_mode("token-sum")
+
+
 def test_token_mean_notice_once(actor_config, caplog: pytest.LogCaptureFixture) -> None:
     from gmpo_verl import loss as loss_module
 
