@@ -28,14 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Python indexing of a fake CUDA tensor (``t[0]``, ``t[1:]``) enters a CUDA device guard, which a
 # CPU-only torch does not have ("PyTorch is not linked with support for cuda devices"); on a GPU
-# it is fine. gmpo_core/metrics.py's ``metrics`` indexes its inputs (``num = sums[0]``), so
-# these checks cannot pass here until it uses ``select``/``narrow``/``unbind`` instead (asked of
-# the core's owner). Strict: once they pass, this table must shrink.
-CPU_TORCH_LIMITS = {
-    "out.metrics: plain": "gmpo_core/metrics.py indexes with []",
-    "out.metrics: all": "gmpo_core/metrics.py indexes with []",
-    "metrics.metrics": "gmpo_core/metrics.py indexes with []",
-}
+# it is fine. The metrics use ``select``/``narrow`` instead, and pass (gmpo_core/metrics.py
+# indexed with [] before: these three checks failed).
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +47,7 @@ def results() -> dict[str, dict[str, Any]]:
 
 @pytest.mark.parametrize(
     "name",
-    [
-        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=CPU_TORCH_LIMITS[n]))
-        if n in CPU_TORCH_LIMITS
-        else n
-        for n in CHECKS
-    ],
+    CHECKS,
 )
 def test_on_fake_cuda(results: dict[str, dict[str, Any]], name: str) -> None:
     assert name in results, f"check {name!r} did not report (the process stopped early?)"
