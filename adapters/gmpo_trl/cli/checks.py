@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gmpo_trl.cli.options import CLIError
+from gmpo_trl.cli.options import TASKS, CLIError
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
@@ -104,7 +104,9 @@ def load_dataset(spec: str, split: str) -> Any:
 
 
 def check_inputs(script: Any) -> None:
-    """What the user named (model, dataset, rewards) before any work is done."""
+    """What the user named (task, model, dataset, rewards) before any work is done."""
+    if script.task not in TASKS:  # the command line's choices; a --config file's value lands here
+        raise CLIError(f"--task must be one of {', '.join(TASKS)}, got {script.task!r}")
     if script.model is not None:
         check_model(script.model)
     if script.dataset is not None:

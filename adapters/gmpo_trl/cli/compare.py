@@ -18,7 +18,7 @@ from gmpo_trl.cli.checks import check_inputs
 from gmpo_trl.cli.options import CLIError
 from gmpo_trl.cli.parsing import Parsed
 from gmpo_trl.cli.plots import log_clip_range, plot_compare
-from gmpo_trl.cli.reports import FINAL_STEPS, compare_table
+from gmpo_trl.cli.reports import COLLAPSE_DROP, COLLAPSE_WINDOW, FINAL_STEPS, compare_table
 from gmpo_trl.cli.runs import quiet, run
 from gmpo_trl.cli.train import ScriptArguments
 
@@ -78,8 +78,9 @@ def main(parsed: Parsed) -> Path:
             summaries[name].append(done.summary)
     plot_compare(runs, base / "compare.png", bounds)
     table, agg = compare_table(summaries)
+    task = script.task if script.model is None else f"{script.task} (model {script.model})"
     settings = (
-        f"GRPO: loss_type='grpo', ratio clip [1 - {grpo_config.epsilon}, 1 + "
+        f"task {task}; GRPO: loss_type='grpo', ratio clip [1 - {grpo_config.epsilon}, 1 + "
         f"{grpo_config.epsilon}]; GMPO: log-space clip [-{gmpo_config.epsilon}, "
         f"{gmpo_config.epsilon_high or gmpo_config.epsilon}]; "
         f"num_iterations={gmpo_config.num_iterations}, "
@@ -91,7 +92,10 @@ def main(parsed: Parsed) -> Path:
         "run (a reward is logged per generation, every num_iterations x steps_per_generation "
         "optimizer steps); log-ratio "
         "min/max: the extremes of r = logp - old_logp over the run's off-policy steps; mean "
-        "step width: the mean over those steps of (max - min); mean ± sample std over seeds."
+        "step width: the mean over those steps of (max - min); mean ± sample std over seeds. "
+        f"Final (20) / peak (20): the last / largest mean of {COLLAPSE_WINDOW} consecutive "
+        f"logged rewards; collapsed: final (20) at least {COLLAPSE_DROP} below peak (20), the "
+        f"rule of docs/study.md (runs with at least {2 * COLLAPSE_WINDOW} logged rewards)."
     )
     (base / "summary.md").write_text(f"{settings}\n\n{table}\n\n{note}\n")
     (base / "summary.json").write_text(

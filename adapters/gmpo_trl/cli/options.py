@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+TASKS = ("successor", "reverse")  # the built-in tasks (--task); the toy run's is the first
 USAGE = "usage: gmpo {train,compare} [-h] [--help-all] [--model PATH_OR_HUB_ID] [options]"
 COMMANDS = ("train", "compare")
 
@@ -62,6 +63,26 @@ def toy_defaults(output_dir: str) -> dict[str, Any]:
     )
 
 
+#: the reverse task's run (--task reverse, no --model): 100 generations of 16 prompts x 8
+#: completions, 16 optimizer steps on each, no gradient clipping, at the learning rate where the
+#: study (docs/study.md) separates the methods most: 2e-3
+REVERSE_ROLLOUTS, REVERSE_LR = 100, 2e-3
+
+
+def reverse_defaults(output_dir: str) -> dict[str, Any]:
+    """The config values of the built-in reverse run (``--task reverse``, no --model)."""
+    from gmpo_trl.reverse import ReverseTask
+    from gmpo_trl.reverse_trl import reverse_args
+
+    return reverse_args(
+        output_dir,
+        ReverseTask(),
+        rollouts=REVERSE_ROLLOUTS,
+        learning_rate=REVERSE_LR,
+        disable_tqdm=False,
+    )
+
+
 def toy_settings(command: str) -> dict[str, Any]:
     """The GMPOConfig values of the built-in toy run (no --model), beyond output_dir."""
     args = {**toy_defaults(default_output_dir(command)), **COMMAND_DEFAULTS.get(command, {})}
@@ -82,13 +103,16 @@ def has_accelerator() -> bool:
     return bool(xpu is not None and xpu.is_available())
 
 
-def run_defaults(command: str, *, model: str | None, output_dir: str | None) -> dict[str, Any]:
+def run_defaults(
+    command: str, *, model: str | None, output_dir: str | None, task: str = TASKS[0]
+) -> dict[str, Any]:
     """The values a run gets unless the user sets them: the CPU defaults without an accelerator,
-    the toy defaults without a model, then the command's own."""
+    the built-in task's defaults (the toy's, or the reverse task's) without a model, then the
+    command's own."""
     out = output_dir or default_output_dir(command)
     base: dict[str, Any] = {"output_dir": out, "report_to": []}
     if not has_accelerator():
         base.update(use_cpu=True, bf16=False)
     if model is None:
-        base.update(toy_defaults(out))
+        base.update(reverse_defaults(out) if task == "reverse" else toy_defaults(out))
     return {**base, **COMMAND_DEFAULTS.get(command, {})}

@@ -140,5 +140,7 @@ def parse(command: str, argv: list[str]) -> Parsed:
     except (ValueError, TypeError) as err:
         raise CLIError(str(err).splitlines()[0]) from err
     config_values = {k: v for k, v in values.items() if k not in own}
-    defaults = run_defaults(command, model=script.model, output_dir=values.get("output_dir"))
+    defaults = run_defaults(
+        command, model=script.model, output_dir=values.get("output_dir"), task=script.task
+    )
     return Parsed(command, script, config_values, defaults)

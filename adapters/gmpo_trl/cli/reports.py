@@ -37,6 +37,25 @@ def series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]
 FINAL_STEPS = 10  # "final reward": the mean of the last ten logged rewards
 
 
+#: docs/study.md's collapse rule, on the logged rewards (one per generation): a run's final and
+#: peak reward are the last and the largest mean of COLLAPSE_WINDOW consecutive logged rewards; it
+#: collapsed when the final is at least COLLAPSE_DROP below the peak. Judged only on runs with at
+#: least 2 x COLLAPSE_WINDOW logged rewards
+COLLAPSE_WINDOW, COLLAPSE_DROP = 20, 0.3
+
+
+def collapse(reward: list[float], window: int = COLLAPSE_WINDOW,
+             drop: float = COLLAPSE_DROP) -> dict[str, Any]:  # fmt: skip
+    """``{"reward_final20", "reward_peak20", "collapsed"}`` of a reward curve of at least
+    ``window`` points (docs/study.md's rule)."""
+    if len(reward) < window:
+        raise ValueError(f"collapse: {len(reward)} rewards, fewer than the window {window}")
+    means = [statistics.fmean(reward[i : i + window]) for i in range(len(reward) - window + 1)]
+    final, peak = means[-1], max(means)
+    return {"reward_final20": final, "reward_peak20": peak,
+            "collapsed": peak - final >= drop - 1e-12}  # fmt: skip
+
+
 def run_summary(rows: list[dict[str, Any]], global_step: int) -> dict[str, Any]:
     """The numbers a run is summarized by (``summary.json``)."""
     _, reward = series(rows, "reward")
@@ -50,6 +69,8 @@ def run_summary(rows: list[dict[str, Any]], global_step: int) -> dict[str, Any]:
     if reward:
         out.update(reward_first=statistics.fmean(reward[:k]),
                    reward_final=statistics.fmean(reward[-k:]), reward_window=k)  # fmt: skip
+    if len(reward) >= 2 * COLLAPSE_WINDOW:
+        out.update(collapse(reward))
     if ranged:
         lo = [r["log_ratio/min"] for r in ranged]
         hi = [r["log_ratio/max"] for r in ranged]
@@ -92,6 +113,9 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 COMPARE_COLUMNS = (
     ("reward_first", "first rewards"),
     ("reward_final", "final reward"),
+    ("reward_final20", "final (20)"),
+    ("reward_peak20", "peak (20)"),
+    ("collapsed", "collapsed"),
     ("log_ratio_min", "log-ratio min"),
     ("log_ratio_max", "log-ratio max"),
     ("log_ratio_width_mean", "mean step width"),
@@ -99,27 +123,37 @@ COMPARE_COLUMNS = (
 )
 
 
+def _cell(value: Any) -> str:
+    return ("yes" if value else "no") if isinstance(value, bool) else f"{value:.2f}"
+
+
 def compare_table(per_seed: dict[str, list[dict[str, Any]]]) -> tuple[str, dict[str, Any]]:
-    """Markdown: per method, mean ± std over seeds of each summary number; then every seed."""
+    """Markdown: per method, mean ± std over seeds of each summary number (collapsed: the count
+    of runs); then every seed. A column no run has is left out."""
     agg: dict[str, Any] = {}
-    head = "| method | seeds | " + " | ".join(t for _, t in COMPARE_COLUMNS) + " |"
-    lines = [head, "|---|---:|" + "---:|" * len(COMPARE_COLUMNS)]
+    runs = [s for summaries in per_seed.values() for s in summaries]
+    columns = [(k, t) for k, t in COMPARE_COLUMNS if any(k in s for s in runs)]
+    head = "| method | seeds | " + " | ".join(t for _, t in columns) + " |"
+    lines = [head, "|---|---:|" + "---:|" * len(columns)]
     for name, summaries in per_seed.items():
         agg[name] = {}
         cells = []
-        for key, _ in COMPARE_COLUMNS:
+        for key, _ in columns:
             vals = [s[key] for s in summaries if key in s]
-            if len(vals) == len(summaries) and vals:
+            if len(vals) != len(summaries) or not vals:
+                cells.append("—")
+            elif key == "collapsed":
+                agg[name][key] = {"count": sum(vals), "values": vals}
+                cells.append(f"{sum(vals)}/{len(vals)}")
+            else:
                 m, sd = mean_std(vals)
                 agg[name][key] = {"mean": m, "std": sd, "values": vals}
                 cells.append(f"{m:.2f} ± {sd:.2f}")
-            else:
-                cells.append("—")
         lines.append(f"| {name} | {len(summaries)} | " + " | ".join(cells) + " |")
-    lines += ["", "| method | seed | " + " | ".join(t for _, t in COMPARE_COLUMNS) + " |",
-              "|---|---:|" + "---:|" * len(COMPARE_COLUMNS)]  # fmt: skip
+    lines += ["", "| method | seed | " + " | ".join(t for _, t in columns) + " |",
+              "|---|---:|" + "---:|" * len(columns)]  # fmt: skip
     for name, summaries in per_seed.items():
         for s in summaries:
-            cells = [f"{s[k]:.2f}" if k in s else "—" for k, _ in COMPARE_COLUMNS]
+            cells = [_cell(s[k]) if k in s else "—" for k, _ in columns]
             lines.append(f"| {name} | {s['seed']} | " + " | ".join(cells) + " |")
     return "\n".join(lines), agg

@@ -4,6 +4,7 @@ the built-in task's), the training, and its outputs (``metrics.jsonl``, ``metric
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +40,41 @@ def successor_task() -> Task:
     return Task(lambda seed: toy.successor_dataset(seed=seed), toy.successor_reward, model)
 
 
+#: the reverse run's supervised warm start (gmpo_trl.reverse_trl.warm_start): Adam steps of 64
+#: noisy demonstrations at this learning rate
+WARM_STEPS, WARM_LR = 400, 3e-3
+
+
+def reverse_task() -> Task:
+    """``--task reverse`` (``gmpo_trl.reverse``): reverse 16 digits, exact-match reward; the model
+    of a seed is warm-started on noisy demonstrations (the same model for every method of a
+    seed: the warm start is computed once per seed and process)."""
+    from gmpo_trl.reverse import ReverseTask
+    from gmpo_trl.reverse_trl import reverse_dataset, reverse_model, sampled_reward, warm_start
+
+    task = ReverseTask()
+    states: dict[int, tuple[dict[str, Any], float]] = {}
+
+    def model(seed: int) -> tuple[Any, Any]:
+        tokenizer, net = reverse_model(task, seed=seed)
+        if seed not in states:
+            losses = warm_start(net, tokenizer, task, steps=WARM_STEPS, lr=WARM_LR, seed=seed)
+            start = sampled_reward(net, tokenizer, task, seed=seed)
+            print(f"warm start (seed {seed}): {WARM_STEPS} supervised steps, loss "
+                  f"{losses[0]:.2f} -> {losses[-1]:.2f}, sampled reward {start:.3f}")  # fmt: skip
+            states[seed] = ({k: v.clone() for k, v in net.state_dict().items()}, start)
+        net.load_state_dict(states[seed][0])
+        return net, tokenizer
+
+    return Task(lambda seed: reverse_dataset(task, seed=seed), task.reward_function(), model)
+
+
+@functools.cache
+def named_task(name: str) -> Task:
+    """The built-in task of ``--task`` (one per process, so that its warm starts are shared)."""
+    return reverse_task() if name == "reverse" else successor_task()
+
+
 def quiet() -> None:
     """Only the progress bar and errors from transformers; no FutureWarnings."""
     import warnings
@@ -52,9 +88,9 @@ def quiet() -> None:
 
 
 def build_trainer(script: Any, config: Any, trainer_cls: type, task: Task | None = None) -> Any:
-    """The trainer for the parsed arguments: ``task``'s parts (the toy task by default) where the
+    """The trainer for the parsed arguments: ``task``'s parts (``--task``'s by default) where the
     user named no model, dataset or reward."""
-    task = task or successor_task()
+    task = task or named_task(script.task)
     out = Path(config.output_dir)
     rewards = [resolve_reward(r) for r in script.reward] or [task.reward]
     if script.dataset is None:

@@ -29,6 +29,18 @@ class ScriptArguments:
         },
     )
     dataset_split: str = field(default="train", metadata={"help": "Dataset split."})
+    task: str = field(
+        default="successor",
+        metadata={
+            "help": "The built-in task, for what --model, --dataset or --reward does not name: "
+            "'successor' (the toy run) or 'reverse' (reverse 16 digits, exact match; a tiny "
+            "GPT-2-style model warm-started on noisy demonstrations; without --model, the "
+            "setting of docs/study.md instead of the toy values: 100 generations of 16 prompts "
+            "x 8 completions, 16 optimizer steps on each (steps_per_generation=8, "
+            "num_iterations=2), learning_rate=0.002, max_grad_norm=0).",
+            "choices": ["successor", "reverse"],
+        },
+    )
     reward: list[str] = field(
         default_factory=list,
         metadata={

@@ -1,0 +1,123 @@
+"""``gmpo train --task reverse`` and ``gmpo compare --task reverse``: the reverse task through
+TRL's trainer (tiny settings: a 3-step warm start, 2 optimizer steps), the task option's
+errors, and the collapse rule of the compare table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("trl")
+
+from gmpo_trl.cli import main, runs
+from gmpo_trl.cli.reports import collapse, compare_table, read_metrics
+from gmpo_trl.reverse import ReverseTask
+
+pytestmark = pytest.mark.trl
+
+PNG = b"\x89PNG\r\n\x1a\n"
+TINY = ["--max_steps", "2", "--logging_steps", "1"]
+
+
+@pytest.fixture
+def short_warm_start(monkeypatch):
+    """A 3-step warm start, and a fresh task (its warm starts are cached per process)."""
+    monkeypatch.setattr(runs, "WARM_STEPS", 3)
+    runs.named_task.cache_clear()
+    yield
+    runs.named_task.cache_clear()
+
+
+def test_train_reverse_end_to_end(tmp_path, capsys, short_warm_start):
+    assert main(["train", "--task", "reverse", "--output_dir", str(tmp_path), *TINY]) == 0
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    # the study's setting: 16 prompts x 8 completions of 16 digits, scored by exact match
+    assert rows[0]["completions/max_length"] == 16 and 0.0 <= rows[0]["reward"] <= 1.0
+    config = json.loads((tmp_path / "final" / "config.json").read_text())
+    assert config["model_type"] == "gpt2"  # learned positions (a rotary model cannot reverse)
+    assert (tmp_path / "metrics.png").read_bytes().startswith(PNG)
+    assert json.loads((tmp_path / "summary.json").read_text())["optimizer_steps"] == 2
+    out = capsys.readouterr().out
+    assert "warm start (seed 0): 3 supervised steps" in out and "gmpo train: 2 optimizer" in out
+
+
+def test_reverse_defaults_are_the_study_cell(tmp_path):
+    from gmpo_trl import GMPOConfig
+    from gmpo_trl.cli.parsing import parse
+
+    config = parse("train", ["--task", "reverse", "--output_dir", str(tmp_path)]).config(GMPOConfig)
+    assert (config.learning_rate, config.max_grad_norm) == (2e-3, 0.0)
+    assert config.generation_batch_size == 128 and config.max_completion_length == 16
+    assert (config.steps_per_generation, config.num_iterations, config.max_steps) == (8, 2, 1600)
+    toy = parse("train", ["--output_dir", str(tmp_path)]).config(GMPOConfig)
+    assert toy.max_completion_length == 1  # the default task is still the toy's
+
+
+def test_compare_reverse_end_to_end_same_warm_start(tmp_path, capsys, short_warm_start,
+                                                    monkeypatch):  # fmt: skip
+    import torch
+
+    starts = []
+    build = runs.build_trainer
+
+    def spy(*args, **kwargs):
+        trainer = build(*args, **kwargs)
+        starts.append({k: v.clone() for k, v in trainer.model.state_dict().items()})
+        return trainer
+
+    monkeypatch.setattr(runs, "build_trainer", spy)
+    argv = ["compare", "--task", "reverse", "--output_dir", str(tmp_path), *TINY]
+    assert main(argv) == 0
+    assert (tmp_path / "compare.png").read_bytes().startswith(PNG)
+    for name in ("grpo", "gmpo"):
+        rows = read_metrics(tmp_path / name / "seed0" / "metrics.jsonl")
+        assert len(rows) == 2 and rows[0]["completions/max_length"] == 16
+    # both methods of a seed start from the same warm-started model, warmed once
+    assert len(starts) == 2 and starts[0].keys() == starts[1].keys()
+    assert all(torch.equal(starts[0][k], starts[1][k]) for k in starts[0])
+    out = capsys.readouterr().out
+    assert out.count("warm start (seed 0)") == 1
+    assert "task reverse; GRPO: loss_type='grpo'" in (tmp_path / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("where", ["argv", "config"])
+def test_unknown_task_is_one_line(tmp_path, capsys, where):
+    config = tmp_path / "run.yaml"
+    config.write_text("task: palindrome\n")
+    task = ["--task", "palindrome"] if where == "argv" else ["--config", str(config)]
+    assert main(["compare", *task, "--output_dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "palindrome" in err[0] and "reverse" in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_collapse_rule_on_a_made_up_curve():
+    # 20 x 0.1, 20 x 0.9, 20 x 0.5: peak 0.9 (steps 21-40), final 0.5: a drop of 0.4 >= 0.3
+    curve = [0.1] * 20 + [0.9] * 20 + [0.5] * 20
+    assert collapse(curve) == pytest.approx(
+        {"reward_final20": 0.5, "reward_peak20": 0.9, "collapsed": True}
+    )
+    # ... ending at 0.65 instead: a drop of 0.25 is not a collapse
+    assert collapse([0.1] * 20 + [0.9] * 20 + [0.65] * 20)["collapsed"] is False
+    with pytest.raises(ValueError, match="fewer than the window"):
+        collapse([0.5] * 19)
+
+
+def test_compare_table_counts_collapsed_runs():
+    runs_ = {
+        "GRPO": [{"seed": 0, "reward_final20": 0.0, "collapsed": True},
+                 {"seed": 1, "reward_final20": 0.2, "collapsed": False}],
+        "GMPO": [{"seed": 0, "reward_final20": 0.8, "collapsed": False},
+                 {"seed": 1, "reward_final20": 0.6, "collapsed": False}],
+    }  # fmt: skip
+    table, agg = compare_table(runs_)
+    assert "| GRPO | 2 | 0.10 ± 0.14 | 1/2 |" in table and "| GMPO | 1 | 0.60 | no |" in table
+    assert agg["GRPO"]["collapsed"]["count"] == 1 and "log-ratio min" not in table
+
+
+def test_reverse_task_is_the_study_task():
+    assert runs.named_task("reverse") is runs.named_task("reverse")
+    prompts = ReverseTask().prompts(4, seed="train:0")
+    assert runs.named_task("reverse").dataset(0)["prompt"][:4] == prompts
