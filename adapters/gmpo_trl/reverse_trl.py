@@ -5,6 +5,7 @@
   the task (:mod:`gmpo_trl.toy`'s builders), built in-process;
 - :func:`warm_start`: the supervised warm start on the task's noisy demonstrations, applied to
   that (or any causal LM with a character tokenizer), seeded; :func:`sampled_reward` measures it;
+  :func:`warm_model` is both, ``(model, tokenizer)`` for a seed;
 - :func:`reverse_dataset`: a ``datasets.Dataset`` of prompts;
 - :func:`reverse_args`: ``GMPOConfig`` / ``GRPOConfig`` keyword arguments of the stability
   study's setting (benchmarks/stability.py): 16 prompts x 8 completions a generation and 16
@@ -89,6 +90,14 @@ def sampled_reward(model: Any, tokenizer: Any, task: ReverseTask, *, n: int = 25
         )
     completions = tokenizer.batch_decode(out[:, task.length + 1 :], skip_special_tokens=True)
     return sum(task.reward(prompts, completions)) / n
+
+
+def warm_model(task: ReverseTask, seed: int, *, steps: int = 400) -> tuple[Any, Any]:
+    """(model, tokenizer): :func:`reverse_model` after :func:`warm_start`, both seeded by
+    ``seed``; the order of a CLI ``Task``'s ``model(seed)``."""
+    tokenizer, model = reverse_model(task, seed=seed)
+    warm_start(model, tokenizer, task, steps=steps, seed=seed)
+    return model, tokenizer
 
 
 def reverse_dataset(task: ReverseTask, n: int = 2048, *, seed: int = 0) -> Any:
