@@ -47,6 +47,7 @@ def test_dataset_and_arguments_give_the_study_setting(tmp_path: Path) -> None:
     assert args.generation_batch_size == 128 and args.num_generations == 8  # 16 prompts x 8
     assert args.steps_per_generation * args.num_iterations == 16  # optimizer steps a rollout
     assert args.max_steps == 48 and args.max_grad_norm == 0.0 and args.epsilon == 0.4
+    assert args.learning_rate == 2e-3 and args.lr_scheduler_type == "constant"
 
 
 def test_one_rollout_of_gmpo_on_the_task(tmp_path: Path) -> None:
