@@ -87,7 +87,7 @@ figures-bench: setup
 ## summary.json, curves.jsonl) and docs/img/study_stability.png; the runs in runs/figures-study
 ## (a rerun reuses every finished run: delete the directory to start afresh).
 figures-study: setup
-	$(BIN)/python benchmarks/stability.py --out runs/figures-study
+	$(BIN)/python benchmarks/stability.py --curves-lr 2e-3 --out runs/figures-study
 	mkdir -p results/study
 	cp runs/figures-study/summary.md runs/figures-study/summary.json results/study/
 	cp runs/figures-study/curves.jsonl results/study/

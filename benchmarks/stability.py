@@ -210,7 +210,7 @@ def main(argv: list[str]) -> int:
         "## Cost", "",
         f"- runs: {len(records)}; CPU time of the runs: {cpu_runs:.0f} s (per run "
         f"{statistics.fmean(r['cpu_s'] for r in records):.1f} s mean, "
-        f"{min(r['cpu_s'] for r in records):.1f}-{max(r['cpu_s'] for r in records):.1f} s); "
+        f"{min(r['cpu_s'] for r in records):.1f} to {max(r['cpu_s'] for r in records):.1f} s); "
         f"warm starts: {len(warm)}, {cpu_warm:.0f} s CPU",
         f"- total CPU time: {cpu_runs + cpu_warm:.0f} s; on {args.workers} idle cores: "
         f"{(cpu_runs + cpu_warm) / args.workers / 60:.1f} min",

@@ -16,6 +16,7 @@ from gmpo_trl.reverse_trl import (
     reverse_dataset,
     reverse_model,
     sampled_reward,
+    warm_model,
     warm_start,
 )
 
@@ -34,6 +35,9 @@ def test_warm_start_learns_the_demonstrations_and_is_seeded() -> None:
         reverse_model(TASK, seed=0)[1], tok2, TASK, steps=3, batch=8, seed=0
     )
     assert 0.0 <= sampled_reward(model, tok, TASK, n=16) <= 1.0
+    m1, _ = warm_model(TASK, 3, steps=2)
+    m2, _ = warm_model(TASK, 3, steps=2)
+    assert all(a.equal(b) for a, b in zip(m1.parameters(), m2.parameters(), strict=True))
 
 
 def test_dataset_and_arguments_give_the_study_setting(tmp_path: Path) -> None:
@@ -43,6 +47,7 @@ def test_dataset_and_arguments_give_the_study_setting(tmp_path: Path) -> None:
     assert args.generation_batch_size == 128 and args.num_generations == 8  # 16 prompts x 8
     assert args.steps_per_generation * args.num_iterations == 16  # optimizer steps a rollout
     assert args.max_steps == 48 and args.max_grad_norm == 0.0 and args.epsilon == 0.4
+    assert args.learning_rate == 2e-3 and args.lr_scheduler_type == "constant"
 
 
 def test_one_rollout_of_gmpo_on_the_task(tmp_path: Path) -> None:

@@ -65,8 +65,8 @@ def toy_defaults(output_dir: str) -> dict[str, Any]:
 
 #: the reverse task's run (--task reverse, no --model): 100 generations of 16 prompts x 8
 #: completions, 16 optimizer steps on each, no gradient clipping, at the learning rate where the
-#: study (docs/study.md) separates the methods most: 2e-3
-REVERSE_ROLLOUTS, REVERSE_LR = 100, 2e-3
+#: study (docs/study.md) separates the methods most (reverse_args: 2e-3)
+REVERSE_ROLLOUTS = 100
 
 
 def reverse_defaults(output_dir: str) -> dict[str, Any]:
@@ -74,13 +74,7 @@ def reverse_defaults(output_dir: str) -> dict[str, Any]:
     from gmpo_trl.reverse import ReverseTask
     from gmpo_trl.reverse_trl import reverse_args
 
-    return reverse_args(
-        output_dir,
-        ReverseTask(),
-        rollouts=REVERSE_ROLLOUTS,
-        learning_rate=REVERSE_LR,
-        disable_tqdm=False,
-    )
+    return reverse_args(output_dir, ReverseTask(), rollouts=REVERSE_ROLLOUTS, disable_tqdm=False)
 
 
 def toy_settings(command: str) -> dict[str, Any]:
