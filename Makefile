@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study first-run check-numbers
+.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers
 
 setup: $(STAMP)
 
@@ -43,11 +43,11 @@ bench: setup
 ## every measured number and figure that README.md, docs/trl.md, docs/lm_head.md, docs/verl.md,
 ## docs/benchmarks.md and docs/study.md quote:
 ## results/ (gmpo train, gmpo compare --seeds 5, the first-run cost), benchmarks/results/ (the
-## LM-head benchmarks), results/study/ (the stability study) and docs/img/; about 105 minutes on
-## two cores. Each step is a target of its own; add a page's commands as a new figures-* target
-## and list it here.
+## LM-head benchmarks), results/study/ (the stability study, also through TRL's trainer) and
+## docs/img/; about 120 minutes on two cores. Each step is a target of its own; add a page's
+## commands as a new figures-* target and list it here.
 ## `make check-numbers` (and tests/test_doc_numbers.py) checks the pages against the results.
-figures: figures-trl figures-lm-head figures-verl figures-bench figures-study first-run
+figures: figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run
 
 SEEDS ?= 5
 figures-trl: setup
@@ -92,6 +92,35 @@ figures-study: setup
 	cp runs/figures-study/summary.md runs/figures-study/summary.json results/study/
 	cp runs/figures-study/curves.jsonl results/study/
 	cp runs/figures-study/stability.png docs/img/study_stability.png
+
+## docs/study.md's "Through TRL's trainer": the study's task and cell (learning rate 2e-3, no
+## gradient clipping) through TRL's GRPOTrainer and gmpo's GMPOTrainer on $(SEEDS) seeds, one
+## `gmpo train --task reverse`, and the same comparison at 1e-3 (about 30 minutes of one core);
+## results/study/trl_reverse*.md/.json (trl_reverse_run.md: the wall-clock of each command and
+## the warm starts) and docs/img/study_trl_reverse*.png
+TRL_STUDY := runs/figures-study-trl
+figures-study-trl: setup
+	rm -rf $(TRL_STUDY)
+	mkdir -p results/study $(TRL_STUDY)
+	printf '%s\n' "| command | wall-clock s | load average at start |" "|---|---:|---:|" \
+		> $(TRL_STUDY)/run.md
+	for cmd in "compare --seeds $(SEEDS) --output_dir $(TRL_STUDY)/compare" \
+	           "train --output_dir $(TRL_STUDY)/train" \
+	           "compare --seeds $(SEEDS) --learning_rate 1e-3 --output_dir $(TRL_STUDY)/lr1e-3"; do \
+		start=$$(date +%s); load=$$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo "?"); \
+		$(BIN)/gmpo $$cmd --task reverse --disable_tqdm true >> $(TRL_STUDY)/log.txt 2>&1 || exit 1; \
+		echo "| gmpo $$cmd --task reverse | $$(( $$(date +%s) - start )) | $$load |" \
+			>> $(TRL_STUDY)/run.md; \
+	done
+	{ cat $(TRL_STUDY)/run.md; echo; grep -h '^warm start' $(TRL_STUDY)/log.txt | sort -u \
+		| sed 's/^/- /'; } > results/study/trl_reverse_run.md
+	cp $(TRL_STUDY)/compare/summary.md results/study/trl_reverse.md
+	cp $(TRL_STUDY)/compare/summary.json results/study/trl_reverse.json
+	cp $(TRL_STUDY)/train/summary.md results/study/trl_reverse_train.md
+	cp $(TRL_STUDY)/lr1e-3/summary.md results/study/trl_reverse_lr1e-3.md
+	cp $(TRL_STUDY)/lr1e-3/summary.json results/study/trl_reverse_lr1e-3.json
+	cp $(TRL_STUDY)/compare/compare.png docs/img/study_trl_reverse.png
+	cp $(TRL_STUDY)/lr1e-3/compare.png docs/img/study_trl_reverse_lr1e-3.png
 
 ## the README's first-run cost: a fresh clone, `make train` (which runs `make setup`), timed;
 ## results/first_run.md. COLD=1 gives pip an empty download cache (downloads everything).

@@ -76,6 +76,12 @@ PAGES: dict[str, Page] = {
             "1.16": "the tested TRL release",
             "1.16.x": "the tested TRL release",
             "3.0": "TRL's default vllm_importance_sampling_cap",
+            "16": "the reverse task: digits, prompts a generation, optimizer steps a generation",
+            "100": "a setting: generations of a --task reverse run",
+            "2e-3": "hyper-parameter: the --task reverse run's learning rate",
+            "40": "the collapse columns' minimum of logged rewards (2 x 20)",
+            "20": "the collapse rule's window (logged rewards)",
+            "0.3": "the collapse rule's drop",
         },
         figures={"img/trl_train.png": "figures-trl", "img/trl_compare.png": "figures-trl"},
     ),
@@ -109,7 +115,8 @@ PAGES: dict[str, Page] = {
         },
     ),
     "docs/study.md": Page(
-        results=("results/study/summary.md",),
+        # the sweep, and the same task through TRL's trainer (make figures-study-trl)
+        results=("results/study/summary.md", "results/study/trl_reverse*.md"),
         exempt={
             "16": "the task: digits per prompt, vocabulary size, prompts a step, updates a step",
             "64": "the model's width; demonstrations per warm-start step",
@@ -130,7 +137,11 @@ PAGES: dict[str, Page] = {
             "0.05": "the sign tests' level, fixed in advance",
             "0.025": "the sign tests' level for both at once (0.05 / 2)",
         },
-        figures={"img/study_stability.png": "figures-study"},
+        figures={
+            "img/study_stability.png": "figures-study",
+            "img/study_trl_reverse.png": "figures-study-trl",
+            "img/study_trl_reverse_lr1e-3.png": "figures-study-trl",
+        },
     ),
     "docs/benchmarks.md": Page(
         results=("benchmarks/results/loss_cpu.md", "benchmarks/results/packed_cpu.md"),
