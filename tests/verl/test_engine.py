@@ -24,7 +24,10 @@ import pytest
 pytest.importorskip("verl")
 pytest.importorskip("transformers")
 
-from tests.verl import _e2e
+from tests.verl import _e2e, _versions
+
+if (_missing := _versions.no_cpu_platform()) is not None:
+    pytest.skip(_missing, allow_module_level=True)
 
 pytestmark = pytest.mark.verl
 

@@ -26,7 +26,10 @@ import pytest
 pytest.importorskip("verl")
 pytest.importorskip("ray")
 
-from tests.verl import _e2e
+from tests.verl import _e2e, _versions
+
+if (_missing := _versions.no_cpu_platform() or _versions.no_v1_trainer()) is not None:
+    pytest.skip(_missing, allow_module_level=True)
 
 pytestmark = [pytest.mark.verl, pytest.mark.slow]
 
