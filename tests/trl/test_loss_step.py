@@ -305,8 +305,8 @@ def test_moe_router_aux_loss(tmp_path):
     assert_same(grad, grpo_grad)
     aux = last_metrics(ours)["aux_loss"]
     assert aux == pytest.approx(last_metrics(grpo)["aux_loss"]) and aux > 0
-    # the coefficient is the host's: the model config's 0.05 from trl 1.16 (the field defaults
-    # to None there), GRPOConfig.router_aux_loss_coef's default 0.001 before
+    # the coefficient is the host's: the model config's 0.05 where the field defaults to None
+    # (trl 1.14.2, 1.16.0), GRPOConfig.router_aux_loss_coef's default 0.001 before (1.10, 1.12)
     coef = ours.router_aux_loss_coef
     assert coef == grpo.router_aux_loss_coef
     default = GRPOConfig.__dataclass_fields__["router_aux_loss_coef"].default
