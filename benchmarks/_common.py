@@ -104,6 +104,22 @@ def command_line(script: str, argv: Sequence[str]) -> str:
     return "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(script, repo), *argv])
 
 
+def run_meta(script: str, argv: Sequence[str] | None, trl: str | None) -> dict[str, object]:
+    """The facts every report's ``meta`` opens with: the command that reruns ``script`` (``argv``
+    None: this process's), the UTC date, the torch and trl versions."""
+    import datetime
+    import sys
+
+    import torch
+
+    return {
+        "command": command_line(script, sys.argv[1:] if argv is None else argv),
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "torch": torch.__version__,
+        "trl": trl,
+    }
+
+
 def environment(result: dict[str, object]) -> list[str]:
     """The facts a report records, as Markdown list items (and into ``result``)."""
     import datetime
@@ -115,6 +131,9 @@ def environment(result: dict[str, object]) -> list[str]:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cpu": f"{cpu_model()}, {torch.get_num_threads()} torch threads ({os.cpu_count()} CPUs visible)",
         "load average": loadavg(),
+        "gpu": f"{torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda}"
+        if torch.cuda.is_available()
+        else "",
         "versions": f"torch {torch.__version__}, Python {platform.python_version()}, "
         f"gmpo {dist_version('gmpo')}, trl {dist_version('trl')}, verl {dist_version('verl')}",
         "allocator": str(result.get("allocator")),

@@ -1,5 +1,7 @@
-"""The hosts' own GMPO losses, as the loss benchmark runs them: TRL's (transcribed: TRL computes
-it inside a trainer method) and verl's ``compute_policy_loss_geo_mean`` (called as installed).
+"""The hosts' own GMPO losses, as the loss benchmark runs them, transcribed so that the benchmark
+runs where neither host is installed (the GPU machine): TRL's (TRL computes it inside a trainer
+method) and verl's ``compute_policy_loss_geo_mean`` (tests/verl/test_hosts_transcription.py checks
+the transcription against verl's own function where verl is installed).
 """
 
 from __future__ import annotations
@@ -124,11 +126,101 @@ def trl_gmpo_loss(
     return loss, metrics
 
 
-def verl_geo_mean() -> Any:
-    """verl's ``compute_policy_loss_geo_mean`` (raises ImportError without verl)."""
-    from verl.trainer.ppo.core_algos import compute_policy_loss_geo_mean
+def _verl_masked_mean(values: Tensor, mask: Tensor, axis: Any = None) -> Tensor:
+    """verl 0.9.1's ``verl.utils.torch_functional.masked_mean`` (with its ``masked_sum``).
 
-    return compute_policy_loss_geo_mean
+    Between the markers: lines 290-291 and 307-308 of ``verl/utils/torch_functional.py`` in verl
+    0.9.1, Copyright 2024 Bytedance Ltd. and/or its affiliates, licensed under the Apache License,
+    Version 2.0. Change: ``masked_sum(values, mask, axis)`` inlined as ``s``.
+    """
+    # fmt: off
+    # ---- begin transcription: verl 0.9.1, verl/utils/torch_functional.py, L290-291, L307-308 ----
+    valid_values = torch.where(mask.bool(), values, 0.0)
+    s = (valid_values * mask).sum(axis=axis)
+    return s / (mask.sum(axis=axis) + 1e-8)
+    # ---- end transcription ----
+    # fmt: on
+
+
+def verl_geo_mean_loss(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Any]]:
+    """verl 0.9.1's ``compute_policy_loss_geo_mean`` (``loss_mode=geo_mean``), same signature.
+
+    Between the markers: a transcription of lines 1957-2011 of ``verl/trainer/ppo/core_algos.py``
+    in verl 0.9.1, Copyright 2024 Bytedance Ltd. and/or its affiliates, licensed under the Apache
+    License, Version 2.0. Changes: ``assert not isinstance(config, AlgoConfig)`` (a verl class) is
+    left out; ``verl_F.masked_mean`` is :func:`_verl_masked_mean`. Kept as verl has them: the
+    three ``.item()`` calls (three host-device synchronizations a call) and the unused
+    ``loss_agg_mode`` and ``config.global_batch_info``.
+
+    Shape:
+        old_log_prob, log_prob, advantages, response_mask, rollout_is_weights: (B, T).
+    """
+    # fmt: off
+    # ---- begin transcription: verl 0.9.1, verl/trainer/ppo/core_algos.py, L1957-2011 ----
+    assert config is not None
+    clip_ratio = config.clip_ratio  # Clipping parameter. See https://arxiv.org/abs/1707.06347.
+    clip_ratio_low = config.clip_ratio_low if config.clip_ratio_low is not None else clip_ratio
+    clip_ratio_high = config.clip_ratio_high if config.clip_ratio_high is not None else clip_ratio
+
+    cliprange = clip_ratio
+    cliprange_low = clip_ratio_low
+    cliprange_high = clip_ratio_high
+    if cliprange_low is None:
+        cliprange_low = cliprange
+    if cliprange_high is None:
+        cliprange_high = cliprange
+
+    negative_approx_kl = log_prob - old_log_prob
+    # Clamp negative_approx_kl for stability (uncomment it if you like)
+    # negative_approx_kl = torch.clamp(negative_approx_kl, min=-20.0, max=20.0)
+    ppo_kl = _verl_masked_mean(-negative_approx_kl, response_mask)
+
+    # Clipping at token-level & Clipping wider
+    sgn_advantage = torch.sign(advantages)
+    negative_approx_kl_clamp = torch.clamp(negative_approx_kl, -cliprange_low, cliprange_high)
+    negative_approx_kl_min = torch.min(sgn_advantage * negative_approx_kl, sgn_advantage * negative_approx_kl_clamp)
+    negative_approx_kl_min = sgn_advantage * negative_approx_kl_min
+
+    # Geometric-Mean Policy Optimization
+    response_mask_sum = response_mask.sum(dim=-1)
+    ratio = torch.exp((negative_approx_kl_min * response_mask).sum(dim=-1) / (response_mask_sum + 1e-8))
+    # we only support sequence level advantage for now,
+    # otherwise, below would be not consistent with the paper
+    advantage = (advantages * response_mask).sum(dim=-1) / (response_mask_sum + 1e-8)
+    pg_losses = -advantage * ratio
+
+    # Apply rollout correction weights if provided
+    # For geo_mean, IS weights are 2D (batch_size, seq_length) and need to be aggregated to sequence level
+    if rollout_is_weights is not None:
+        # Aggregate token-level weights to sequence level using geometric mean for consistency
+        # Note: rollout_is_weights is always 2D regardless of aggregation mode
+        seq_is_weights = torch.exp(
+            (torch.log(rollout_is_weights + 1e-10) * response_mask).sum(dim=-1) / (response_mask_sum + 1e-8)
+        )
+        pg_losses = pg_losses * seq_is_weights
+
+    pg_loss = torch.mean(pg_losses)
+
+    # higher: ratio is too large that need clamp to clip_high (when adv > 0)
+    clipped = torch.ne(negative_approx_kl, negative_approx_kl_clamp)
+    pg_clipfrac = _verl_masked_mean((clipped * (advantages > 0)).float(), response_mask)
+    pg_clipfrac_lower = _verl_masked_mean((clipped * (advantages < 0)).float(), response_mask)
+    pg_metrics = {
+        "actor/pg_clipfrac": pg_clipfrac.detach().item(),
+        "actor/ppo_kl": ppo_kl.detach().item(),
+        "actor/pg_clipfrac_lower": pg_clipfrac_lower.detach().item(),
+    }
+    return pg_loss, pg_metrics
+    # ---- end transcription ----
+    # fmt: on
 
 
 def verl_config(batch: int, tokens: int) -> SimpleNamespace:

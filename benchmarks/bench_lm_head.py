@@ -5,6 +5,7 @@ Run from the repository root::
     python benchmarks/bench_lm_head.py            # N = 4096, H = 896, V = 151,936, + N sweep
     python benchmarks/bench_lm_head.py --quick    # tiny sizes: proves the script runs (CI)
     python benchmarks/bench_lm_head.py --tokens 1024,4096 --repeats 3 --sweep-repeats 2
+    python benchmarks/bench_lm_head.py --device cuda --tokens 1024,4096 --tag cuda   # a GPU
 
 Paths, on the same seeded inputs (hidden (N, H), weight (V, H), both requiring grad; random
 targets; random upstream gradients):
@@ -27,12 +28,16 @@ time over repeats (and every repeat in the JSON) and the maximum peak.
 Gradients are compared across paths at every size: each subprocess saves its log-probs,
 entropies, hidden gradient and every 97th row of the weight gradient, and the parent reports the
 largest difference from the materialized path (relative to that tensor's largest magnitude).
+
+On ``--device cuda`` the inputs are moved to the GPU after they are built (same values), the
+time is taken between ``torch.cuda.synchronize()`` calls, and the peak extra memory is
+``torch.cuda.max_memory_allocated()`` minus the memory allocated before the call (the caching
+allocator's view, reset before the call); no plots are drawn.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
@@ -47,11 +52,11 @@ from _common import (
     IMG_DIR,
     REPO,
     RESULTS_DIR,
-    command_line,
     cpu_model,
     dist_version,
     proc_status_kib,
     reset_peak_rss,
+    run_meta,
 )
 
 PATHS = ("materialized", "trl", "gmpo")
@@ -62,19 +67,23 @@ W_ROW_STRIDE = 97  # rows of the weight gradient saved for the cross-path compar
 # worker: one path, one size, one fresh process
 
 
-def _make_inputs(n: int, hdim: int, vocab: int, seed: int) -> dict[str, Any]:
+def _make_inputs(n: int, hdim: int, vocab: int, seed: int, device: str = "cpu") -> dict[str, Any]:
     import torch
 
     g = torch.Generator().manual_seed(seed)
     hidden = torch.randn(n, hdim, generator=g)
     weight = torch.randn(vocab, hdim, generator=g) * (1.0 / hdim**0.5) * 4.0
-    return {
-        "hidden": hidden.requires_grad_(),
-        "weight": weight.requires_grad_(),
+    inputs = {
+        "hidden": hidden,
+        "weight": weight,
         "targets": torch.randint(0, vocab, (n,), generator=g),
         "g_logp": torch.randn(n, generator=g),
         "g_ent": torch.randn(n, generator=g) * 0.1,
     }
+    inputs = {k: v.to(device) for k, v in inputs.items()}
+    inputs["hidden"].requires_grad_()
+    inputs["weight"].requires_grad_()
+    return inputs
 
 
 def _path_fn(path: str, chunk_size: int | None) -> Any:
@@ -130,13 +139,24 @@ def worker(args: argparse.Namespace) -> None:
         inp["logps"], inp["entropies"] = logps.detach(), entropies
 
     # warmup at a tiny size: library initialization (oneDNN, trl import) is not what we measure
-    step(_make_inputs(8, args.hidden, min(args.vocab, 4096), seed=1))
-    inp = _make_inputs(args.n, args.hidden, args.vocab, seed=args.seed)
-    rss = reset_peak_rss(trim=False)
+    step(_make_inputs(8, args.hidden, min(args.vocab, 4096), seed=1, device=args.device))
+    inp = _make_inputs(args.n, args.hidden, args.vocab, seed=args.seed, device=args.device)
+    cuda = args.device.startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        rss = reset_peak_rss(trim=False)
     t0 = time.perf_counter()
     step(inp)
+    if cuda:
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    hwm = proc_status_kib("VmHWM")
+    if cuda:
+        peak_extra = torch.cuda.max_memory_allocated() - base
+    else:
+        peak_extra = (proc_status_kib("VmHWM") - rss) * 1024
     if args.save:
         w_grad = inp["weight"].grad
         torch.save(
@@ -148,7 +168,7 @@ def worker(args: argparse.Namespace) -> None:
             },
             args.save,
         )
-    print(json.dumps({"seconds": seconds, "peak_extra_bytes": (hwm - rss) * 1024}))
+    print(json.dumps({"seconds": seconds, "peak_extra_bytes": peak_extra}))
 
 
 # --------------------------------------------------------------------------------------------
@@ -162,6 +182,7 @@ def _run_worker(
         sys.executable, __file__, "--worker", "--path", path, "--n", str(n),
         "--hidden", str(args.hidden), "--vocab", str(args.vocab),
         "--temperature", str(args.temperature), "--outputs", args.outputs, "--seed", str(args.seed),
+        "--device", args.device,
     ]  # fmt: skip
     if args.chunk_size is not None:
         cmd += ["--chunk-size", str(args.chunk_size)]
@@ -183,12 +204,12 @@ def _compare(saved: dict[str, str]) -> dict[str, dict[str, float]]:
 
     if "materialized" not in saved:
         return {}
-    ref = torch.load(saved["materialized"])
+    ref = torch.load(saved["materialized"], map_location="cpu")
     out: dict[str, dict[str, float]] = {}
     for path, file in saved.items():
         if path == "materialized":
             continue
-        got = torch.load(file)
+        got = torch.load(file, map_location="cpu")
         diffs: dict[str, float] = {}
         for key, r in ref.items():
             if r is None or got.get(key) is None:
@@ -223,6 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-write", action="store_true", help="print only")
     p.add_argument("--tag", default="cpu", help="results file name: lm_head_<tag>.md/.json")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (GPU memory from torch.cuda)")
     # worker mode (internal)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--path", help=argparse.SUPPRESS)
@@ -258,10 +280,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from gmpo_core.lm_head import DEFAULT_CHUNK_SIZE
 
     chunk = DEFAULT_CHUNK_SIZE if args.chunk_size is None else args.chunk_size
+    cuda = args.device.startswith("cuda")
+    machine = torch.cuda.get_device_name(0) if cuda else cpu_model()
     print(
         f"# N in {tokens}, H = {args.hidden}, V = {args.vocab}, float32, outputs {args.outputs}, "
         f"τ = {args.temperature}, gmpo chunk_size = {chunk}; torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads, {cpu_model()}",
+        f"{torch.get_num_threads()} threads, {machine}, device {args.device}",
         flush=True,
     )
     results: dict[int, dict[str, Any]] = {}
@@ -361,14 +385,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.no_write:
         return 0
-    command = command_line(__file__, sys.argv[1:] if argv is None else argv)
     meta = {
-        "command": command,
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "torch": torch.__version__,
-        "trl": trl_version,
+        **run_meta(__file__, argv, trl_version),
         "threads": torch.get_num_threads(),
         "cpu": cpu_model(),
+        "device": args.device,
+        "gpu": torch.cuda.get_device_name(0) if cuda else None,
         "python": platform.python_version(),
         "hidden": args.hidden,
         "vocab": args.vocab,
@@ -387,13 +409,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     md = [
         f"# LM-head token log-probs, forward+backward ({meta['date_utc']})",
         "",
-        f"Command: `{command}`  ",
+        f"Command: `{meta['command']}`  ",
         f"torch {meta['torch']}, trl {trl_version}, {meta['threads']} threads, {meta['cpu']}, "
-        f"Python {meta['python']}.  ",
+        f"Python {meta['python']}, device {args.device}"
+        + (f" ({meta['gpu']})" if cuda else "")
+        + ".  ",
         f"H = {args.hidden}, V = {args.vocab}, float32, outputs: {args.outputs}, "
         f"temperature {args.temperature}, gmpo chunk_size {chunk}. Time: minimum over repeats; "
-        "peak extra: VmHWM of a fresh subprocess minus its RSS after the reset (weight gradient "
-        "included, inputs excluded).",
+        + (
+            "peak extra: torch.cuda.max_memory_allocated() of a fresh subprocess minus the memory "
+            "allocated before the call (weight gradient included, inputs excluded)."
+            if cuda
+            else "peak extra: VmHWM of a fresh subprocess minus its RSS after the reset (weight "
+            "gradient included, inputs excluded)."
+        ),
         "",
         table,
         "",
@@ -408,7 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stem.with_suffix(".md").write_text("\n".join(md))
     print(f"wrote {stem}.md/.json")
 
-    if len(tokens) > 1:
+    if len(tokens) > 1 and not cuda:  # the docs' figures are the CPU run's
         _plots(tokens, paths, labels, best, meta)
     return 0
 

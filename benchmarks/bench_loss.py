@@ -22,8 +22,9 @@ Four things, in one run:
   calls compiling pays for itself.
 
 Rows: ``gmpo plain`` / ``gmpo compiled`` (``gmpo_loss(impl=...)``, its metrics built), ``TRL``
-(TRL 1.16.0's loss and metric lines, transcribed in ``_hosts.py``), ``verl`` (verl's own
-``compute_policy_loss_geo_mean``, with its ``.item()`` calls). Every timing process uses the
+(TRL 1.16.0's loss and metric lines, transcribed in ``_hosts.py``), ``verl`` (verl 0.9.1's
+``compute_policy_loss_geo_mean``, with its ``.item()`` calls, transcribed in ``_hosts.py``: no
+host needs to be installed). Every timing process uses the
 same allocator setting (``_common.steady_malloc``).
 """
 
@@ -51,7 +52,7 @@ from _common import (
     steady_malloc,
     write_results,
 )
-from _hosts import EPSILON, trl_gmpo_loss, verl_config, verl_geo_mean
+from _hosts import EPSILON, trl_gmpo_loss, verl_config, verl_geo_mean_loss
 from torch import Tensor
 
 from gmpo_core import gmpo_loss
@@ -108,7 +109,7 @@ def make_step(impl: str, x: dict[str, Tensor]) -> Step:
     if impl == "TRL":
         int_mask = mask.long()  # TRL's completion_mask is int64
         return lambda: backward(trl_gmpo_loss(logp, old, adv, int_mask)[0])
-    geo_mean = verl_geo_mean()
+    geo_mean = verl_geo_mean_loss
     response_mask = mask.float()  # verl's response_mask is float, its advantages per token
     per_token_adv = adv.unsqueeze(-1) * response_mask
     config = verl_config(mask.shape[0], int(mask.sum()))

@@ -57,7 +57,6 @@ over the timed steps.
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
 import json
 import math
@@ -77,12 +76,12 @@ from _common import (
     MALLOC_ENV,
     REPO,
     RESULTS_DIR,
-    command_line,
     cpu_model,
     dist_version,
     loadavg,
     proc_status_kib,
     reset_peak_rss,
+    run_meta,
 )
 
 VARIANTS = ("trl", "gmpo")
@@ -438,6 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "gmpo": "gmpo token_logprobs (gmpo_lm_head=True)",
     }
     tokens = args.batch * (PROMPT_LEN + args.completion - 1)
+    results: dict[str, dict[str, Any]] = {}
     load_start = loadavg()
     print(
         f"# V = {args.vocab}, H = {args.hidden}, {args.layers} layer(s), B = {args.batch}, "
@@ -445,7 +445,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{args.threads} thread(s), {cpu_model()}, load {load_start}",
         flush=True,
     )
-    results: dict[str, dict[str, Any]] = {}
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         saved = {v: os.path.join(tmp, f"{v}.pt") for v in variants}
@@ -500,14 +499,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.no_write:
         return 0
 
-    import torch
-
-    command = command_line(__file__, sys.argv[1:] if argv is None else argv)
     meta = {
-        "command": command,
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "torch": torch.__version__,
-        "trl": trl_version,
+        **run_meta(__file__, argv, trl_version),
         "transformers": dist_version("transformers") or "not installed",
         "gmpo": dist_version("gmpo") or "not installed",
         "python": platform.python_version(),
@@ -550,7 +543,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     md = [
         f"# GMPOTrainer step: gmpo_lm_head=True against TRL's head ({meta['date_utc']})",
         "",
-        f"Command: `{command}`  ",
+        f"Command: `{meta['command']}`  ",
         f"torch {meta['torch']}, trl {trl_version}, transformers {meta['transformers']}, "
         f"{args.threads} thread(s), {meta['cpu']}, Python {meta['python']}; load average "
         f"{load_start} at start, {load_end} at end.  ",

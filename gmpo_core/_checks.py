@@ -55,41 +55,8 @@ def check_mask(mask: Tensor, like: Tensor, like_name: str) -> Tensor:
     return mask
 
 
-def check_gmpo_inputs(
-    logp: Tensor,
-    old_logp: Tensor | None,
-    advantages: Tensor,
-    mask: Tensor,
-    ref_logp: Tensor | None,
-    is_weights: Tensor | None,
-) -> Tensor:
-    """Validate the tensors of :func:`gmpo_core.gmpo_loss`; return the mask."""
-    floating("logp", logp)
-    if logp.dim() != 2:
-        raise ValueError(f"logp must have shape (B, T), got {_fmt(logp)}")
-    for name, t in (("old_logp", old_logp), ("ref_logp", ref_logp)):
-        if t is not None:
-            floating(name, t)
-            if t.shape != logp.shape:
-                raise ValueError(
-                    f"{name} must have the shape of logp {tuple(logp.shape)}, got {tuple(t.shape)}"
-                )
-    check_log_ratio_inputs(logp, advantages, name="logp")
-    named = {"old_logp": old_logp, "advantages": advantages, "mask": mask, "ref_logp": ref_logp}
-    check_devices("logp", logp, {**named, "is_weights": is_weights})
-    if is_weights is not None:
-        floating("is_weights", is_weights)
-        rows, cols = logp.shape
-        if tuple(is_weights.shape) not in ((rows,), (rows, 1), (rows, cols)):
-            raise ValueError(
-                f"is_weights must have shape (B,), (B, 1) or (B, T) = {(rows,)}, {(rows, 1)} or "
-                f"{(rows, cols)}, got {tuple(is_weights.shape)}"
-            )
-    return check_mask(mask, logp, "logp")
-
-
-class Packed(NamedTuple):
-    """The tensors of a packed :func:`gmpo_core.gmpo_loss` call, as passed."""
+class Inputs(NamedTuple):
+    """The tensors of a :func:`gmpo_core.gmpo_loss` call, as passed."""
 
     logp: Tensor
     old_logp: Tensor | None
@@ -99,8 +66,61 @@ class Packed(NamedTuple):
     is_weights: Tensor | None
 
 
-def check_cu_seqlens(cu_seqlens: object, segments: int) -> Tensor:
-    """``cu_seqlens`` is a 1-D int32 or int64 tensor of length S + 1 (shape and dtype only)."""
+def check_inputs(x: Inputs, cu_seqlens: object | None = None) -> Tensor:
+    """Validate the tensors of :func:`gmpo_core.gmpo_loss`, padded rows (``cu_seqlens`` None:
+    logp (B, T), advantages (B,)) or packed segments (logp (N,), advantages (S,), cu_seqlens
+    (S + 1,)); return the mask."""
+    packed = cu_seqlens is not None
+    floating("logp", x.logp)
+    if not packed and x.logp.dim() != 2:
+        raise ValueError(f"logp must have shape (B, T), got {_fmt(x.logp)}")
+    if packed and x.logp.dim() != 1:
+        raise ValueError(f"with cu_seqlens, logp must have shape (N,) (packed), got {_fmt(x.logp)}")
+    for name, t in (("old_logp", x.old_logp), ("ref_logp", x.ref_logp)):
+        if t is not None:
+            floating(name, t)
+            if t.shape != x.logp.shape:
+                raise ValueError(
+                    f"{name} must have the shape of logp {tuple(x.logp.shape)}, "
+                    f"got {tuple(t.shape)}"
+                )
+    if packed:
+        real("advantages", x.advantages)
+        if x.advantages.dim() != 1:
+            raise ValueError(
+                f"with cu_seqlens, advantages must have shape (S,), one per segment, got "
+                f"{_fmt(x.advantages)}"
+            )
+        check_cu_seqlens(cu_seqlens, x.advantages.shape[0], x.logp.shape[0])
+    else:
+        check_log_ratio_inputs(x.logp, x.advantages, name="logp")
+    others = {"old_logp": x.old_logp, "advantages": x.advantages, "mask": x.mask}
+    others.update(ref_logp=x.ref_logp, is_weights=x.is_weights)
+    check_devices("logp", x.logp, {**others, "cu_seqlens": cu_seqlens})  # type: ignore[dict-item]
+    if x.is_weights is not None:
+        check_weights(x.is_weights, x.logp, x.advantages.shape[0], packed)
+    return check_mask(x.mask, x.logp, "logp")
+
+
+def check_weights(w: Tensor, logp: Tensor, rows: int, packed: bool) -> None:
+    """``is_weights`` per token (logp's shape) or per row: (B,) or (B, 1) padded, (S, 1) packed."""
+    floating("is_weights", w)
+    tokens = tuple(logp.shape)
+    if packed and tuple(w.shape) not in (tokens, (rows, 1)):
+        raise ValueError(
+            f"with cu_seqlens, is_weights must have shape (N,) = {tokens} (token weights) or "
+            f"(S, 1) = {(rows, 1)} (row weights), got {tuple(w.shape)}"
+        )
+    if not packed and tuple(w.shape) not in ((rows,), (rows, 1), tokens):
+        raise ValueError(
+            f"is_weights must have shape (B,), (B, 1) or (B, T) = {(rows,)}, {(rows, 1)} or "
+            f"{tokens}, got {tuple(w.shape)}"
+        )
+
+
+def check_cu_seqlens(cu_seqlens: object, segments: int, n_tokens: int | None = None) -> Tensor:
+    """``cu_seqlens`` is a 1-D int32 or int64 tensor of length S + 1, and no segments (S = 0)
+    come with no tokens (shape and dtype only: its values are checked on request)."""
     if not isinstance(cu_seqlens, Tensor):
         raise ValueError(f"cu_seqlens must be a tensor, got {type(cu_seqlens).__name__}")
     if cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.dim() != 1:
@@ -113,43 +133,12 @@ def check_cu_seqlens(cu_seqlens: object, segments: int) -> Tensor:
             f"cu_seqlens must have length len(advantages) + 1 = {segments + 1} (one boundary "
             f"more than segments), got {cu_seqlens.shape[0]}"
         )
-    return cu_seqlens
-
-
-def check_packed_inputs(x: Packed, cu_seqlens: Tensor) -> Tensor:
-    """Validate the tensors of a packed :func:`gmpo_core.gmpo_loss` call (N tokens, S
-    segments); return the mask."""
-    floating("logp", x.logp)
-    if x.logp.dim() != 1:
-        raise ValueError(f"with cu_seqlens, logp must have shape (N,) (packed), got {_fmt(x.logp)}")
-    for name, t in (("old_logp", x.old_logp), ("ref_logp", x.ref_logp)):
-        if t is not None:
-            floating(name, t)
-            if t.shape != x.logp.shape:
-                raise ValueError(
-                    f"{name} must have the shape of logp {tuple(x.logp.shape)}, "
-                    f"got {tuple(t.shape)}"
-                )
-    real("advantages", x.advantages)
-    if x.advantages.dim() != 1:
+    if segments == 0 and n_tokens:
         raise ValueError(
-            f"with cu_seqlens, advantages must have shape (S,), one per segment, got "
-            f"{_fmt(x.advantages)}"
+            f"cu_seqlens has no segment (length 1) but there are N = {n_tokens} tokens: every "
+            "token must belong to a segment"
         )
-    segments = x.advantages.shape[0]
-    check_cu_seqlens(cu_seqlens, segments)
-    named = {"old_logp": x.old_logp, "advantages": x.advantages, "mask": x.mask}
-    others = {**named, "ref_logp": x.ref_logp, "is_weights": x.is_weights}
-    check_devices("logp", x.logp, {**others, "cu_seqlens": cu_seqlens})
-    if x.is_weights is not None:
-        floating("is_weights", x.is_weights)
-        if tuple(x.is_weights.shape) not in (tuple(x.logp.shape), (segments, 1)):
-            raise ValueError(
-                f"with cu_seqlens, is_weights must have shape (N,) = {tuple(x.logp.shape)} "
-                f"(token weights) or (S, 1) = {(segments, 1)} (row weights), got "
-                f"{tuple(x.is_weights.shape)}"
-            )
-    return check_mask(x.mask, x.logp, "logp")
+    return cu_seqlens
 
 
 def check_cu_seqlens_values(cu_seqlens: Tensor, n_tokens: int) -> None:
@@ -173,21 +162,17 @@ def check_devices(name: str, first: Tensor, others: dict[str, Tensor | None]) ->
             )
 
 
-def check_values(
-    logp: Tensor,
-    old_logp: Tensor | None,
-    advantages: Tensor,
-    mask: Tensor,
-    ref_logp: Tensor | None,
-    is_weights: Tensor | None,
-) -> None:
+def check_values(x: Inputs, cu_seqlens: Tensor | None = None) -> None:
     """Opt-in value checks (they synchronize with the device)."""
+    if cu_seqlens is not None:
+        check_cu_seqlens_values(cu_seqlens, x.logp.shape[0])
+    mask, is_weights = x.mask, x.is_weights
     if not bool(((mask == 0) | (mask == 1)).all()):
         raise ValueError("mask must hold only 0 and 1 (or False and True)")
-    if not bool(advantages.isfinite().all()):
+    if not bool(x.advantages.isfinite().all()):
         raise ValueError("advantages must be finite (NaN or inf found)")
     valid = mask != 0
-    for name, t in (("logp", logp), ("old_logp", old_logp), ("ref_logp", ref_logp)):
+    for name, t in (("logp", x.logp), ("old_logp", x.old_logp), ("ref_logp", x.ref_logp)):
         if t is not None and not bool(torch.where(valid, t.isfinite(), True).all()):
             raise ValueError(f"{name} has non-finite values at valid (mask = 1) positions")
     if is_weights is not None:

@@ -151,12 +151,21 @@ def segments(cu_seqlens: Tensor, n_tokens: int) -> Segments:
     return Segments(offsets, starts[:n_tokens].cumsum(0))
 
 
-def row_sum(x: Tensor, seg: Segments | None) -> Tensor:
-    """Per-row sums: over the last axis of padded rows, over each segment of packed ones.
+def row_sum(x: Tensor, seg: Segments | None, exact: bool = False) -> Tensor:
+    """Per-row sums: over the last axis of padded rows (ATen's pairwise sum), over each segment
+    of packed ones accumulated in float64 (a segment's sum is sequential: in float32 it would
+    lose digits with the segment's length). In ``x``'s dtype; with ``exact`` (counts), float64
+    wherever ``x``'s dtype could not hold every integer of the sum (float32 counts to 2^24).
     Shape: (B, T) -> (B,), or (N,) -> (S,)."""
     if seg is None:
+        if exact and x.dtype != torch.float64 and x.shape[-1] > _EXACT_FLOAT32:
+            return x.sum(-1, dtype=torch.float64)
         return x.sum(-1)
-    return torch.segment_reduce(x, "sum", offsets=seg.offsets, unsafe=True)
+    sums = torch.segment_reduce(x.to(torch.float64), "sum", offsets=seg.offsets, unsafe=True)
+    return sums if exact else sums.to(x.dtype)
+
+
+_EXACT_FLOAT32 = 2**24  # float32 holds every integer up to here
 
 
 def to_tokens(values: Tensor, seg: Segments | None) -> Tensor:
@@ -247,7 +256,7 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
     mf = as_float(valid, dt)  # (B, T) 0/1
     r = torch.where(valid, logp - b.old_logp.to(dt), 0)  # (B, T), exactly 0 at invalid positions
     sgn, q, cq = sign_space(r, adv, h, seg)  # (B,), (B, T), (B, T): cq is 0 where r is
-    sums = {"cq": row_sum(cq, seg), "n": row_sum(mf, seg)}  # (B,) each
+    sums = {"cq": row_sum(cq, seg), "n": row_sum(mf, seg, exact=True)}  # (B,) each
     if b.w_tok is not None:  # per-token weights enter as their geometric mean (S7)
         sums["log_w"] = row_sum(torch.where(valid, torch.log(b.w_tok.to(dt)), 0), seg)
     em1 = None
@@ -261,6 +270,8 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
         reduced, lo, hi, totals = all_rows(list(sums.values()), clip[3], clip[4], across)
         sums = dict(zip(sums, reduced, strict=True))
         clip = (clip[0], sums["cut"], sums["signed"], lo, hi)
+    n_exact = sums["n"]  # counts stay exact (float64 where float32 would not be)
+    sums = {k: v.to(dt) for k, v in sums.items()}
     n = sums["n"]
     nf = n.clamp(min=1)
     log_coef = sgn * sums["cq"] / nf  # (B,) the log geometric mean of the clipped ratios (S2)
@@ -281,7 +292,7 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
         clip = clip_signs(r, q, cq, mf, seg)
     a, cut_rows, signed_rows, lo, hi = clip
     del r, q, cq  # no longer needed: the gradient's (B, T) temporaries can take their memory
-    stats = clip_stats(lo, hi, cut_rows, signed_rows, adv, n, dual=h.log_dual is not None)
+    stats = clip_stats(lo, hi, cut_rows, signed_rows, adv, n_exact, dual=h.log_dual is not None)
     rows_b = max(per_seq.shape[0], 1)
     loss = per_seq.sum() / rows_b  # mean over rows; 0 when B = 0 (S4)
     grad = None
@@ -302,7 +313,7 @@ def clip_signs(
     lo, hi = log_ratio_range(r.detach(), mf)  # first: fewer (B, T) tensors alive at once
     s = torch.sign(cq.detach() - q.detach())  # (B, T)
     a = s.abs()
-    return a, row_sum(a, seg), row_sum(s, seg), lo, hi
+    return a, row_sum(a, seg, exact=True), row_sum(s, seg, exact=True), lo, hi
 
 
 def all_rows(
@@ -372,8 +383,8 @@ def clip_stats(
         num_clipped_dual=total(at_cap) if dual else None,
         log_ratio_min=unreached(lo, big),
         log_ratio_max=unreached(hi, big),
-        row_clip_low_min=extreme(torch.where(nonempty, low / nf, math.inf), "min"),
-        row_clip_high_max=extreme(torch.where(nonempty, high / nf, -math.inf), "max"),
+        row_clip_low_min=extreme(torch.where(nonempty, low / nf, math.inf), "min").to(lo.dtype),
+        row_clip_high_max=extreme(torch.where(nonempty, high / nf, -math.inf), "max").to(lo.dtype),
     )
 
 

@@ -39,6 +39,7 @@ trainer can swap one for the other.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator
 from typing import Any, NamedTuple
@@ -79,6 +80,14 @@ def _compute_dtype(*tensors: Tensor | None) -> torch.dtype:
         if t is not None:
             dtype = torch.promote_types(dtype, t.dtype)
     return dtype
+
+
+def _autocast_off(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """Autocast disabled for ``device``'s type, where that type has autocast at all: ``meta``
+    (and other backends without it) refuse ``torch.autocast(type, enabled=False)``."""
+    if torch.amp.is_autocast_available(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def _row_block(n_rows: int, vocab: int, elem_size: int, device: torch.device) -> int:
@@ -184,7 +193,7 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
         chunk = min(chunk_size, n_tok)
         rb = _row_block(chunk, vocab, torch.finfo(cdt).bits // 8, device)
         scratch = torch.empty(rb, vocab, device=device, dtype=cdt)
-        with torch.autocast(device.type, enabled=False):
+        with _autocast_off(device):
             for s, e, _h, tile in _logit_tiles(hidden, weight, bias_s, scale, chunk, cdt):
                 for r0 in range(s, e, rb):
                     r1 = min(r0 + rb, e)
@@ -242,7 +251,7 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
         chunk = min(ctx.chunk_size, n_tok)
         rb = _row_block(chunk, vocab, torch.finfo(cdt).bits // 8, device)
         scratch = torch.empty(rb, vocab, device=device, dtype=cdt) if neg_ge is not None else None
-        with torch.autocast(device.type, enabled=False):
+        with _autocast_off(device):
             for s, e, h, tile in _logit_tiles(hidden, weight, bias_s, scale, chunk, cdt):
                 for r0 in range(s, e, rb):
                     r1 = min(r0 + rb, e)

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gmpo_core import _checks, _math, compiled
+from gmpo_core import _agree, _checks, _math, compiled
 from gmpo_core.metrics import ClipStats
 from gmpo_core.options import Impl, check_impl
 
@@ -85,8 +85,9 @@ def gmpo_loss(
         dual_clip: optional cap ``c > 1`` on the ratio of negative-advantage tokens.
         impl: ``"plain"`` (default: plain PyTorch under autograd, no compilation) or
             ``"compiled"`` (one ``torch.compile``-d forward that also writes the gradient; it
-            compiles on its first call and has no second-order gradient). Inside a user's
-            ``torch.compile`` both trace the plain path into the user's graph.
+            compiles on its first call; a second-order gradient differentiates the plain math,
+            S14). Inside a user's ``torch.compile`` or a ``torch.func`` transform both run the
+            plain math under autograd.
         check_values: also check values (mask is 0/1, finite advantages, finite log-probs at
             valid positions, non-negative weights, and ``cu_seqlens`` from 0 to N,
             non-decreasing). This synchronizes with the device.
@@ -107,48 +108,65 @@ def gmpo_loss(
         advantages: (S,). is_weights: (N,) token weights or (S, 1) row weights. Output: see
         :class:`GMPOOutput` (B = S when packed).
     """
-    h = _checks.hyper(epsilon, epsilon_high, dual_clip, beta, ref_logp)
-    if cu_seqlens is None:
-        _checks.check_gmpo_inputs(logp, old_logp, advantages, mask, ref_logp, is_weights)
-    else:
-        _checks.check_packed_inputs(
-            _checks.Packed(logp, old_logp, advantages, mask, ref_logp, is_weights), cu_seqlens
-        )
-    check_impl(impl)
-    if check_values:
-        _checks.check_values(logp, old_logp, advantages, mask, ref_logp, is_weights)
-        if cu_seqlens is not None:
-            _checks.check_cu_seqlens_values(cu_seqlens, logp.shape[0])
+    x = _checks.Inputs(logp, old_logp, advantages, mask, ref_logp, is_weights)
 
-    w_tok = w_row = None
-    if is_weights is not None:
-        if is_weights.shape == logp.shape and (cu_seqlens is not None or is_weights.shape[1] > 1):
-            w_tok = is_weights.detach()  # (B, T) or (N,); (B, 1) is a row weight
-        else:
-            w_row = is_weights.detach().reshape(-1)
-    b = _math.Batch(
-        logp=logp,
-        old_logp=logp.detach() if old_logp is None else old_logp.detach(),
-        adv=advantages.detach(),
-        mask=mask.detach(),
-        ref_logp=ref_logp.detach() if h.beta != 0 and ref_logp is not None else None,
-        w_tok=w_tok,
-        w_row=w_row,
-        # int64 either way: one compiled kernel for int32 and int64 boundaries
-        cu_seqlens=None if cu_seqlens is None else cu_seqlens.detach().to(torch.int64),
-    )
+    def validate() -> tuple[_math.Hyper, _math.Batch]:
+        h = _checks.hyper(epsilon, epsilon_high, dual_clip, beta, ref_logp)
+        _checks.check_inputs(x, cu_seqlens)
+        check_impl(impl)
+        if check_values:
+            _checks.check_values(x, cu_seqlens)
+        return h, _batch(x, h, cu_seqlens)
+
+    if process_group is not None and check_values:  # every rank validates, then they agree
+        call = _agree.Call(logp, old_logp is not None, impl, process_group)
+        h, b = _agree.agree(validate, call)
+    else:
+        h, b = validate()
     across = None if process_group is None else _math.Across(process_group)
-    if torch.compiler.is_compiling():  # inside a user's torch.compile: trace the math
+    if torch.compiler.is_compiling() or _transformed(b):
+        # inside a user's torch.compile or a torch.func transform: the math under autograd
         fw = _math.forward(b, h, across=across)
         return GMPOOutput(fw.loss, fw.per_sequence_loss, fw.log_coef, fw.stats, fw.kl_sum)
     if impl == "compiled" and compiled.worth_compiling(logp, advantages):
         kernel, h = compiled.kernel(), compiled.hyper_tensors(h, logp)
     else:
         kernel = _math.forward
+    with_grad = logp.requires_grad and torch.is_grad_enabled()  # a backward may come
     stats_out: list[tuple[ClipStats, Tensor | None]] = []
-    loss, per_seq, log_coef = _GMPO.apply(*b, h, kernel, (across, stats_out))  # type: ignore[no-untyped-call]
+    side = (across, stats_out, with_grad)
+    loss, per_seq, log_coef = _GMPO.apply(*b, h, kernel, side)  # type: ignore[no-untyped-call]
     stats, kl_sum = stats_out[0]
     return GMPOOutput(loss, per_seq, log_coef, stats, kl_sum)
+
+
+def _batch(x: _checks.Inputs, h: _math.Hyper, cu_seqlens: Tensor | None) -> _math.Batch:
+    """The validated inputs as the math layer's record: constants detached, ``old_logp`` None
+    read as ``logp``, ``ref_logp`` only with a KL term, ``is_weights`` per token or per row."""
+    logp, w, w_tok, w_row = x.logp, x.is_weights, None, None
+    if w is not None:
+        if w.shape == logp.shape and (cu_seqlens is not None or w.shape[1] > 1):
+            w_tok = w.detach()  # (B, T) or (N,); (B, 1) is a row weight
+        else:
+            w_row = w.detach().reshape(-1)
+    return _math.Batch(
+        logp=logp,
+        old_logp=logp.detach() if x.old_logp is None else x.old_logp.detach(),
+        adv=x.advantages.detach(),
+        mask=x.mask.detach(),
+        ref_logp=x.ref_logp.detach() if h.beta != 0 and x.ref_logp is not None else None,
+        w_tok=w_tok,
+        w_row=w_row,
+        # int64 either way: one compiled kernel for int32 and int64 boundaries
+        cu_seqlens=None if cu_seqlens is None else cu_seqlens.detach().to(torch.int64),
+    )
+
+
+def _transformed(b: _math.Batch) -> bool:
+    """Whether a ``torch.func`` transform (grad, vmap, jacrev, ...) wraps any input: such calls
+    run the math under autograd, which every transform supports."""
+    unwrap = torch.func.debug_unwrap
+    return any(unwrap(t, recurse=False) is not t for t in b if isinstance(t, Tensor))
 
 
 class _GMPO(torch.autograd.Function):
@@ -171,11 +189,11 @@ class _GMPO(torch.autograd.Function):
         cu_seqlens: Tensor | None,
         h: _math.Hyper,
         kernel: Callable[..., _math.Forward],
-        side: tuple[_math.Across | None, list[tuple[ClipStats, Tensor | None]]],
+        side: tuple[_math.Across | None, list[tuple[ClipStats, Tensor | None]], bool],
     ) -> tuple[Tensor, Tensor, Tensor]:
-        across, stats_out = side
+        across, stats_out, with_grad = side
         b = _math.Batch(logp, old_logp, adv, mask, ref_logp, w_tok, w_row, cu_seqlens)
-        fw = kernel(b, h, ctx.needs_input_grad[0], across)
+        fw = kernel(b, h, with_grad, across)
         stats_out.append((fw.stats, fw.kl_sum))  # statistics leave outside autograd's outputs
         ctx.save_for_backward(logp, old_logp, adv, mask, ref_logp, w_tok, w_row, cu_seqlens)
         ctx.h = h
@@ -190,37 +208,43 @@ class _GMPO(torch.autograd.Function):
         ctx: Any, g_loss: Tensor | None, g_ps: Tensor | None, g_lc: Tensor | None
     ) -> tuple[Tensor | None, ...]:
         grad, ctx.loss_grad = ctx.loss_grad, None  # handed on, so autograd need not copy it
+        saved = ctx.saved_tensors  # read once: a checkpoint unpacks each saved tensor once
         nones = (None,) * 10
         if grad is None or g_lc is not None or torch.is_grad_enabled():
-            return (_autograd_grad(ctx, g_loss, g_ps, g_lc), *nones)
-        logp, cu_seqlens = ctx.saved_tensors[0], ctx.saved_tensors[-1]
+            return (_autograd_grad(ctx, saved, (g_loss, g_ps, g_lc)), *nones)
+        logp, cu_seqlens = saved[0], saved[-1]
         if g_ps is not None:  # d/d per_sequence_loss_i = B d/d loss for every row
             scale = g_ps.to(grad.dtype) * max(len(g_ps), 1)
             scale = scale if g_loss is None else scale + g_loss.to(grad.dtype)
             seg = None if cu_seqlens is None else _math.segments(cu_seqlens, grad.shape[0])
-            grad.mul_(_math.to_tokens(scale, seg))
+            scale = _math.to_tokens(scale, seg)
         elif g_loss is None:
-            grad.zero_()
-        elif g_loss.device.type != "cpu" or g_loss.item() != 1.0:  # 1 for loss.backward()
-            grad.mul_(g_loss.to(grad.dtype))
+            return (grad.zero_().to(logp.dtype), *nones)
+        else:
+            scale = g_loss.to(grad.dtype)
+        try:  # in place; loss.backward() on CPU (an upstream gradient of 1) skips the multiply
+            if g_ps is not None or scale.device.type != "cpu" or scale.item() != 1.0:
+                grad.mul_(scale)
+        except RuntimeError:  # a batched upstream gradient (vmap, is_grads_batched) refuses
+            grad = grad * scale  # in-place writes and host reads, before touching ``grad``
         return (grad.to(logp.dtype), *nones)
 
 
 def _autograd_grad(
-    ctx: Any, g_loss: Tensor | None, g_ps: Tensor | None, g_lc: Tensor | None
+    ctx: Any, inputs: tuple[Tensor, ...], grads: tuple[Tensor | None, ...]
 ) -> Tensor | None:
     """The gradient by autograd: :func:`gmpo_core._math.forward` recomputed under autograd on
-    the saved inputs (``logp`` keeps its history) and differentiated, with a graph of its own
-    where ``create_graph=True`` asked for one."""
-    inputs = ctx.saved_tensors
+    the saved inputs (``logp`` keeps its history) and differentiated for the upstream
+    ``grads`` of ``(loss, per_sequence_loss, log_coef)``, with a graph of its own where
+    ``create_graph=True`` asked for one."""
     create_graph = torch.is_grad_enabled()
     with torch.enable_grad():
         logp = inputs[0] if create_graph else inputs[0].detach().requires_grad_()
         fw = _math.forward(_math.Batch(logp, *inputs[1:]), ctx.h, across=ctx.across)
-        pairs = [(o, g) for o, g in zip(fw[:3], (g_loss, g_ps, g_lc), strict=True) if g is not None]
+        pairs = [(o, g) for o, g in zip(fw[:3], grads, strict=True) if g is not None]
         if not pairs:
             return None
         (grad,) = torch.autograd.grad(
             [o for o, _ in pairs], logp, [g for _, g in pairs], create_graph=create_graph
         )
-    return grad  # type: ignore[no-any-return]
+    return grad

@@ -74,8 +74,10 @@ def metrics(sums: Tensor, minima: Tensor, dual: bool, kl: bool = False) -> dict[
     dtype. Fractions are 0 and extrema NaN when there is no valid token; ``clip_ratio/dual_mean``
     only with a dual clip and ``kl`` (token mean of k3) only when ``kl``."""
     dt = minima.dtype
-    num = sums[0]
-    fractions = (sums[1:] / num.clamp(min=1)).to(dt)  # (4,) low, high, dual, kl
+    # select/narrow, not []: indexing a tensor needs a device guard for it (fake CUDA tensors
+    # of a CPU-only torch have none)
+    num = sums.select(0, 0)
+    fractions = (sums.narrow(0, 1, 4) / num.clamp(min=1)).to(dt)  # (4,) low, high, dual, kl
     extrema = torch.where(num > 0, minima, float("nan"))  # (4,) maxima negated
     low, high, dual_mean, kl_mean = fractions.unbind()
     lr_min, neg_lr_max, row_low, neg_row_high = extrema.unbind()

@@ -26,12 +26,13 @@ def _segments(
     """Packed rows: ``tokens`` (N,) and ``cu_seqlens`` (S + 1,), S = ``segments`` if given."""
     if cu_seqlens is None:
         return None
-    _checks.check_cu_seqlens(cu_seqlens, len(cu_seqlens) - 1 if segments is None else segments)
     if tokens.dim() != 1:
         raise ValueError(
             f"with cu_seqlens, {name} must have shape (N,) (packed), got shape "
             f"{tuple(tokens.shape)}"
         )
+    rows = len(cu_seqlens) - 1 if segments is None else segments
+    _checks.check_cu_seqlens(cu_seqlens, rows, tokens.shape[0])
     _checks.check_devices(name, tokens, {"cu_seqlens": cu_seqlens})
     return _math.segments(cu_seqlens.detach(), tokens.shape[0])
 
@@ -178,5 +179,5 @@ def clip_metrics(
     _, q, cq = _math.sign_space(r, adv, h, seg)
     s = torch.sign(cq - q)  # -1 where cut at eps, +1 at the dual cap
     lo, hi = _math.log_ratio_range(r, mf)
-    cut, signed, n = (_math.row_sum(x, seg) for x in (s.abs(), s, mf))
+    cut, signed, n = (_math.row_sum(x, seg, exact=True) for x in (s.abs(), s, mf))
     return _math.clip_stats(lo, hi, cut, signed, adv, n, dual=h.log_dual is not None)

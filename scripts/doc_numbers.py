@@ -126,7 +126,7 @@ PAGES: dict[str, Page] = {
             "1e-10": "a constant of verl's geo_mean: log(1e-10) for a zero rollout weight",
             "1.x": "trl's release series",
             "1e-5": "a threshold of tests/verl/test_main_ppo.py (rollout vs actor probabilities)",
-            "0.02": "hyper-parameter: the CPU runs' learning rate (tests/verl/_e2e.py)",
+            "0.02": "hyper-parameter: the CPU runs' learning rate (examples/verl/cpu/e2e.py)",
         },
     ),
     "docs/benchmarks.md": Page(

@@ -1,11 +1,11 @@
 """The numbers docs/verl.md quotes, measured on CPU: ``make figures-verl``.
 
 1. verl's trainer (``python -m verl.trainer.main_ppo``) end to end, as ``tests/verl/test_main_ppo.py``
-   and ``examples/verl/smoke_test_cpu.sh`` run it (the helpers of ``tests/verl/_e2e.py``: the
+   and ``examples/verl/smoke_test_cpu.sh`` run it (the helpers of ``examples/verl/cpu/e2e.py``: the
    tiny Qwen2 model and the successor task, the smoke test's small off-policy steps, the CPU
    overrides): 3 steps of the default v1 trainer with ``loss_mode=gmpo``, then 3 steps of the
    legacy trainer (``trainer.use_v1=False``) with ``loss_mode=gmpo_dual_clip``.
-2. verl's FSDP2 engine with its real actor loss (``tests/verl/_engine_worker.py`` under
+2. verl's FSDP2 engine with its real actor loss (``examples/verl/cpu/engine_worker.py`` under
    ``torchrun``, 1 and 2 processes, as ``tests/verl/test_engine.py`` launches it): the gradient
    norm of one global batch of 8 sequences split into 1, 2, 4 and dynamic-size micro-batches,
    for ``gmpo`` and verl's ``geo_mean``.
@@ -35,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.verl import _e2e  # noqa: E402
+from examples.verl.cpu import e2e as _e2e  # noqa: E402
 
 #: the metrics each step line in the Markdown shows (the console logger prints some 80 a step)
 SHOWN = (
@@ -98,7 +98,7 @@ def trainer_run(files: dict[str, Path], workdir: Path, v1: bool, loss_mode: str,
 
 
 def engine_run(workdir: Path, nproc: int, *args: str) -> dict[str, Any]:
-    """``torchrun --nproc_per_node NPROC _engine_worker.py`` (``_e2e.launch_engine``, as
+    """``torchrun --nproc_per_node NPROC engine_worker.py`` (``_e2e.launch_engine``, as
     test_engine.py runs it), waited for; its JSON report."""
     workdir.mkdir(parents=True, exist_ok=True)
     proc, out = _e2e.launch_engine(nproc, workdir, *args)
@@ -146,7 +146,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "## verl's trainer (`python -m verl.trainer.main_ppo`)",
         "",
-        "The tiny task of tests/verl/_e2e.py (a random Qwen2 model, the successor task), "
+        "The tiny task of examples/verl/cpu/e2e.py (a random Qwen2 model, the successor task), "
         f"{report['steps']} steps of 4 prompts x 4 samples, 2 mini-batches x 2 epochs, float32, "
         "the `hf` rollout. Each step line shows these of the console logger's metrics: "
         + ", ".join(f"`{k}`" for k in SHOWN)
@@ -183,7 +183,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [
             "## verl's FSDP2 engine: the gradient norm of one global batch",
             "",
-            "tests/verl/_engine_worker.py under `torchrun` (gloo), as tests/verl/test_engine.py "
+            "examples/verl/cpu/engine_worker.py under `torchrun` (gloo), as tests/verl/test_engine.py "
             "runs it: 8 sequences (one fully masked, rollout weights, one of them 0), bf16, "
             "split into 1, 2 or 4 micro-batches per rank or into verl's dynamic-size ones "
             "(at most 24 tokens each).",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from typing import Any
 
 import numpy as np
@@ -9,6 +11,11 @@ import torch
 
 from gmpo_core import GMPOOutput, gmpo_loss, reference
 from tests.strategies import Batch
+
+#: The device of the core's device-generic tests (those that call :func:`loss_and_grad`, e.g.
+#: tests/test_properties.py): ``GMPO_TEST_DEVICE``, default ``cpu``; benchmarks/gpu.sh sets
+#: ``cuda``. Inputs are built on the CPU and moved; results come back to the CPU to be compared.
+TEST_DEVICE = torch.device(os.environ.get("GMPO_TEST_DEVICE") or "cpu")
 
 # One tolerance table per dtype: (rtol, atol) for values, and for gradients. atol for values is
 # multiplied by the scale of the terms summed (a sum is only as exact as its largest term).
@@ -49,10 +56,28 @@ def run(
 
 
 def loss_and_grad(args: dict[str, Any], impl: str) -> tuple[GMPOOutput, torch.Tensor]:
-    """``gmpo_loss(**args)``, and the gradient of its ``loss`` with respect to ``args["logp"]``."""
-    out = gmpo_loss(**args, impl=impl)
+    """``gmpo_loss(**args)``, and the gradient of its ``loss`` with respect to ``args["logp"]``.
+
+    Computed on :data:`TEST_DEVICE`: the inputs are moved there (differentiably) and the outputs
+    come back to the CPU, so the tests that go through here run unchanged on any device.
+    """
+    on_device = {
+        k: v.to(TEST_DEVICE) if isinstance(v, torch.Tensor) else v for k, v in args.items()
+    }
+    out = gmpo_loss(**on_device, impl=impl)
     (grad,) = torch.autograd.grad(out.loss, args["logp"])
-    return out, grad
+    return _to_cpu(out), grad
+
+
+def _to_cpu(out: GMPOOutput) -> GMPOOutput:
+    def cpu(t: torch.Tensor | None) -> Any:
+        return None if t is None else t.cpu()
+
+    stats = type(out.stats)(*(cpu(f) for f in out.stats))
+    return dataclasses.replace(
+        out, loss=cpu(out.loss), per_sequence_loss=cpu(out.per_sequence_loss),
+        log_coef=cpu(out.log_coef), stats=stats, kl_sum=cpu(out.kl_sum),
+    )  # fmt: skip
 
 
 def ref(batch: Batch) -> reference.ReferenceResult:
@@ -93,3 +118,18 @@ def well_conditioned(batch: Batch, margin: float = 1e-4) -> bool:
         bounds.append(float(np.log(kw["dual_clip"])))
     r = valid_log_ratio(batch)
     return all(np.all(np.abs(r - b) > margin) for b in bounds)
+
+
+def random_inputs(
+    b: int = 3, t: int = 6, seed: int = 0, dtype: torch.dtype = torch.float32
+) -> dict[str, Any]:
+    """A small random ``gmpo_loss`` batch: ``logp`` (requires grad), ``old_logp`` within about
+    0.5 of it, ``advantages``, and a mask with about a fifth of the tokens left out."""
+    g = torch.Generator().manual_seed(seed)
+    logp = (-torch.rand(b, t, generator=g, dtype=torch.float64) * 2).to(dtype)
+    return {
+        "logp": logp.requires_grad_(),
+        "old_logp": (logp.detach() + 0.5 * torch.randn(b, t, generator=g, dtype=dtype)),
+        "advantages": torch.randn(b, generator=g, dtype=dtype),
+        "mask": torch.rand(b, t, generator=g) > 0.2,
+    }

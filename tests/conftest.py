@@ -1,7 +1,8 @@
 """Test configuration: Hypothesis profiles and torch settings shared by the suite.
 
 Profiles: ``dev`` (fast, default), ``ci`` (300 examples a property, derandomized, what .ci/run
-uses) and ``nightly`` (3000 examples). Select with ``HYPOTHESIS_PROFILE=ci``.
+uses), ``nightly`` (3000 examples) and ``smoke`` (5, derandomized: benchmarks/gpu.sh's dry run
+proving that the tests run). Select with ``HYPOTHESIS_PROFILE=ci``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ _common = dict(
 settings.register_profile("dev", max_examples=40, **_common)
 settings.register_profile("ci", max_examples=300, derandomize=True, **_common)
 settings.register_profile("nightly", max_examples=3000, **_common)
+settings.register_profile("smoke", max_examples=5, derandomize=True, **_common)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 # The suite exercises many kernel variants (dtypes, optional inputs) in one process: allow them

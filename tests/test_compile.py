@@ -4,6 +4,9 @@ no graph break, one compilation across shapes, the same values and gradients as 
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
+import threading
 from typing import Any
 
 import pytest
@@ -11,6 +14,7 @@ import torch
 from torch._dynamo.testing import CompileCounter
 
 from gmpo_core import _math, compiled, gmpo_loss
+from tests import _helpers
 
 
 def _inputs(b: int, t: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
@@ -180,3 +184,141 @@ def test_compiled_kernel_reads_a_bool_mask_as_bytes(monkeypatch: pytest.MonkeyPa
     assert len(seen) == 1
     assert seen[0].dtype == torch.uint8
     assert seen[0].data_ptr() == x["mask"].data_ptr()
+
+
+# Regression, defect 2 of those found by trying the 0.1 default path as a new user would
+# (CHANGELOG, 0.2): a first call under torch.inference_mode() broke later training calls (a cached
+# tensor).
+def test_first_call_under_inference_mode_then_training(impl: str) -> None:
+    x = _helpers.random_inputs(seed=2)
+    with torch.inference_mode():
+        gmpo_loss(**{**x, "logp": x["logp"].detach()}, epsilon=0.31, impl=impl)
+    out = gmpo_loss(**x, epsilon=0.31, impl=impl)
+    (grad,) = torch.autograd.grad(out.loss, x["logp"])
+    expected = gmpo_loss(**x, epsilon=0.31, impl="plain")
+    (expected_grad,) = torch.autograd.grad(expected.loss, x["logp"])
+    torch.testing.assert_close(grad, expected_grad)
+
+
+# Regression, defect 4 of those found by trying the 0.1 default path as a new user would
+# (CHANGELOG, 0.2): advantages that require grad got a gradient on some paths: advantages are
+# constants everywhere.
+@pytest.mark.parametrize("user_compile", [False, True])
+def test_advantages_get_no_gradient(impl: str, user_compile: bool) -> None:
+    x = _helpers.random_inputs(seed=5)
+    value = torch.randn(3, requires_grad=True)
+    x["advantages"] = x["advantages"] - value  # A = R - V with a trainable V
+
+    def step(**kw: Any) -> torch.Tensor:
+        return gmpo_loss(**kw, impl=impl).loss
+
+    fn = torch.compile(step, backend="eager", fullgraph=True) if user_compile else step
+    loss = fn(**x)
+    loss.backward()
+    assert value.grad is None
+    assert x["logp"].grad is not None and x["logp"].grad.abs().sum() > 0
+
+
+# Regression, defect 5 of those found by trying the 0.1 default path as a new user would
+# (CHANGELOG, 0.2): threads making first calls at once raced in tracing; one failing call switched the
+# process to the slow path for good. The compiled path's calls take turns; nothing flips.
+def test_threads_making_first_calls_at_once() -> None:
+    """Four threads compile one input signature that no other test uses, at once."""
+    results: list[Any] = [None] * 4
+    errors: list[BaseException] = []
+    kw: dict[str, Any] = {"dual_clip": 1.7, "beta": 0.2}
+
+    def work(i: int) -> None:
+        try:
+            x = _helpers.random_inputs(b=3 + i, t=7 + i, seed=i, dtype=torch.float64)
+            x["is_weights"] = torch.rand(3 + i, 7 + i, dtype=torch.float64) + 0.5
+            x["ref_logp"] = x["old_logp"] - 0.1
+            out = gmpo_loss(**x, **kw, impl="compiled")
+            (grad,) = torch.autograd.grad(out.loss, x["logp"])
+            results[i] = (x, out.loss.detach(), grad)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    for x, loss, grad in results:
+        expected = gmpo_loss(**x, **kw, impl="plain")
+        (expected_grad,) = torch.autograd.grad(expected.loss, x["logp"])
+        torch.testing.assert_close(loss, expected.loss.detach())
+        torch.testing.assert_close(grad, expected_grad)
+
+
+def test_a_failing_call_changes_nothing_for_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = compiled.kernel()
+    calls = {"n": 0}
+
+    def flaky(*args: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("simulated: out of memory")
+        return real(*args)
+
+    monkeypatch.setattr(compiled, "kernel", lambda: flaky)
+    x = _helpers.random_inputs(seed=6)
+    with pytest.raises(RuntimeError, match="simulated: out of memory"):
+        gmpo_loss(**x, impl="compiled")
+    out = gmpo_loss(**x, impl="compiled")  # the compiled kernel again, not a fallback
+    assert calls["n"] == 2
+    torch.testing.assert_close(out.loss, gmpo_loss(**x, impl="plain").loss)
+
+
+# Regression, defect 6 and 12 of those found by trying the 0.1 default path as a new user would
+# (CHANGELOG, 0.2): an uncreatable TORCHINDUCTOR_CACHE_DIR broke every default call; `python -W
+# error` made the default path raise (Inductor's deprecation warning).
+_DEFAULT_CALL = """
+import torch
+from gmpo_core import gmpo_loss
+logp = torch.randn(2, 5).requires_grad_()
+out = gmpo_loss(logp, logp.detach() + 0.1, torch.tensor([1.0, -1.0]), torch.ones(2, 5), impl={impl!r})
+out.loss.backward()
+print("ok", out.loss.item(), {{k: v.item() for k, v in out.metrics.items()}})
+"""
+
+
+def test_default_path_ignores_an_unusable_inductor_cache() -> None:
+    env = {"TORCHINDUCTOR_CACHE_DIR": "/proc/gmpo-cannot-create/here", "PATH": ""}
+    done = subprocess.run(
+        [sys.executable, "-c", _DEFAULT_CALL.format(impl="plain")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ok")
+
+
+def test_default_path_runs_clean_with_warnings_as_errors() -> None:
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", _DEFAULT_CALL.format(impl="plain")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+# Regression, defect 7 of those found by trying the 0.1 default path as a new user would
+# (CHANGELOG, 0.2): out.metrics inside torch.compile(fullgraph=True) failed (a cached_property lock).
+def test_metrics_trace_into_one_graph(impl: str) -> None:
+    counter = CompileCounter()
+
+    def step(**kw: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        out = gmpo_loss(**kw, impl=impl, dual_clip=2.0)
+        return out.loss, dict(out.metrics)
+
+    x = _helpers.random_inputs(seed=7)
+    loss, metrics = torch.compile(step, backend=counter, fullgraph=True)(**x)
+    assert counter.frame_count == 1
+    expected = gmpo_loss(**x, impl="plain", dual_clip=2.0)
+    torch.testing.assert_close(loss, expected.loss)
+    assert metrics.keys() == expected.metrics.keys()
+    for k, v in expected.metrics.items():
+        torch.testing.assert_close(metrics[k], v, equal_nan=True)

@@ -10,12 +10,20 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from typing import Any
 
 import pytest
 import torch
 
 import gmpo_core
-from gmpo_core import gmpo_loss
+from gmpo_core import (
+    clip_log_ratio,
+    clip_metrics,
+    gmpo_loss,
+    masked_geometric_mean,
+    sequence_kl,
+    trust_region_log_ratio,
+)
 from gmpo_core.metrics import metrics, minima, sums
 
 B, T = 3, 7
@@ -68,3 +76,105 @@ def test_metrics_on_meta() -> None:
 @pytest.mark.parametrize("name", gmpo_core.__all__)
 def test_public_names_resolve(name: str) -> None:
     assert getattr(gmpo_core, name) is not None
+
+
+OPTIONS = {
+    "plain": {},
+    "kl": {"beta": 0.05, "ref_logp": True},
+    "token weights": {"is_weights": "token"},
+    "row weights": {"is_weights": "row"},
+    "dual clip": {"dual_clip": 2.0, "epsilon_high": 0.28},
+    "all": {"beta": 0.05, "ref_logp": True, "is_weights": "token", "dual_clip": 2.0},
+}
+
+
+def _call(layout: str, option: str) -> tuple[dict[str, Any], torch.Tensor]:
+    """gmpo_loss arguments on meta, padded (B, T) or packed (N,) with S = B segments."""
+    shape = (B, T) if layout == "padded" else (B * T,)
+    logp = torch.empty(shape, device="meta", requires_grad=True)
+    args: dict[str, Any] = {
+        "old_logp": torch.empty(shape, device="meta"),
+        "advantages": torch.empty(B, device="meta"),
+        "mask": torch.empty(shape, dtype=torch.bool, device="meta"),
+    }
+    for key, value in OPTIONS[option].items():
+        if key == "ref_logp":
+            args["ref_logp"] = torch.empty(shape, device="meta")
+        elif key == "is_weights":
+            rows = (B,) if layout == "padded" else (B, 1)
+            args["is_weights"] = torch.empty(shape if value == "token" else rows, device="meta")
+        else:
+            args[key] = value
+    if layout == "packed":
+        args["cu_seqlens"] = torch.empty(B + 1, dtype=torch.int64, device="meta")
+    return args, logp
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+@pytest.mark.parametrize("upstream", ["loss", "per_sequence_loss", "log_coef"])
+def test_loss_forward_and_backward_on_meta(layout: str, option: str, upstream: str) -> None:
+    """The plain path end to end on meta tensors: no host read, no CPU constant. ``log_coef``
+    as the upstream recomputes the math under autograd in the backward."""
+    args, logp = _call(layout, option)
+    out = gmpo_loss(logp, **args)
+    assert out.loss.is_meta and out.per_sequence_loss.shape == (B,)
+    target = {
+        "loss": out.loss,
+        "per_sequence_loss": out.per_sequence_loss.sum(),
+        "log_coef": out.log_coef.sum(),
+    }[upstream]
+    (grad,) = torch.autograd.grad(target, logp)
+    assert grad.is_meta and grad.shape == logp.shape
+    m = out.metrics
+    assert ("kl" in m) == ("beta" in OPTIONS[option])
+    assert ("clip_ratio/dual_mean" in m) == ("dual_clip" in OPTIONS[option])
+    assert all(v.is_meta for v in m.values())
+    reduced = metrics(sums(out.stats, out.kl_sum), minima(out.stats), "dual_clip" in args)
+    assert all(v.is_meta for v in reduced.values())
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_building_blocks_on_meta(layout: str) -> None:
+    args, logp = _call(layout, "plain")
+    r, adv, mask = args["old_logp"], args["advantages"], args["mask"]
+    seg = {"cu_seqlens": args["cu_seqlens"]} if layout == "packed" else {}
+    outs = [
+        clip_log_ratio(r, epsilon=0.2),
+        trust_region_log_ratio(r, adv, epsilon=0.2, dual_clip=2.0, **seg),
+        masked_geometric_mean(r, mask, **seg),
+        sequence_kl(logp, r, mask, **seg),
+        *clip_metrics(r, adv, mask, epsilon=0.2, dual_clip=2.0, **seg),
+    ]
+    assert all(t.is_meta for t in outs if t is not None)
+    (grad,) = torch.autograd.grad(sequence_kl(logp, r, mask, **seg).sum(), logp)
+    assert grad.is_meta
+
+
+# Regression, defect 1 of those found by trying the 0.1 default path as a new user would
+# (CHANGELOG, 0.2): tensors on different devices crashed the interpreter on the default path; now a
+# ValueError naming the argument and both devices, before any kernel.
+@pytest.mark.parametrize("name", ["old_logp", "advantages", "mask", "ref_logp", "is_weights"])
+def test_tensors_on_another_device_are_a_value_error(impl: str, name: str) -> None:
+    from tests._helpers import random_inputs
+
+    x = random_inputs()
+    kw: dict[str, Any] = {"beta": 0.1, "ref_logp": x["old_logp"].clone()}
+    if name == "is_weights":
+        kw["is_weights"] = torch.ones(3)
+    target = x if name in x else kw
+    target[name] = target[name].to("meta")
+    with pytest.raises(ValueError, match=rf"{name} is on device meta but logp is on cpu"):
+        gmpo_loss(**x, **kw, impl=impl)
+
+
+def test_building_blocks_check_devices() -> None:
+    r, adv, mask = torch.zeros(2, 3), torch.ones(2), torch.ones(2, 3, dtype=torch.bool)
+    with pytest.raises(ValueError, match="advantages is on device meta"):
+        trust_region_log_ratio(r, adv.to("meta"))
+    with pytest.raises(ValueError, match="mask is on device meta"):
+        masked_geometric_mean(r, mask.to("meta"))
+    with pytest.raises(ValueError, match="ref_logp is on device meta"):
+        sequence_kl(r, r.to("meta"), mask)
+    with pytest.raises(ValueError, match="mask is on device meta"):
+        clip_metrics(r, adv, mask.to("meta"))

@@ -9,7 +9,9 @@ segment, and a rank without any token.
 
 from __future__ import annotations
 
+import datetime
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Any
@@ -202,3 +204,89 @@ def test_split_padded_rows_equal_the_whole(ranks: list[dict[str, Any]], impl: st
         _assert_same_outputs(got, whole)
         cols = slice(0, 3) if rank == 0 else slice(3, None)
         torch.testing.assert_close(got["grad"], whole["grad"][:, cols], rtol=1e-12, atol=1e-15)
+
+
+# check_values=True: the ranks agree before any other collective ---------------------------------
+
+# Each scenario changes rank 1's call (rank 0 keeps the good one); the message every rank must
+# raise. Without the agreement step gloo aborted the processes ("Received data size doesn't
+# match expected size"), gave each rank another loss, or left rank 0 waiting for the timeout.
+DISAGREE: dict[str, tuple[dict[str, Any], str]] = {
+    "rows": ({"rows": 3}, r"disagree on rows \(B, or S with cu_seqlens\) \(rank 0: 4, rank 1: 3\)"),
+    "dtype": ({"dtype": torch.float32}, r"disagree on logp dtype \(rank 0: torch.float64, rank 1: torch.float32\)"),
+    "inputs": ({"is_weights": True}, r"disagree on inputs given"),
+    "advantages": ({"advantages": [1.0, -0.5, 0.7, 2.0]}, r"disagree on advantages \(checksum\)"),
+    "order": ({"advantages": [-1.5, 1.0, 0.7, 2.0]}, r"disagree on advantages \(weighted checksum\)"),
+    "epsilon": ({"epsilon": 0.3}, r"disagree on epsilon \(rank 0: 0.2, rank 1: 0.3\)"),
+    "impl": ({"impl": "compiled"}, r"disagree on impl \(rank 0: plain, rank 1: compiled\)"),
+    "refused value": ({"nan": True}, r"rank 1's input was refused: advantages must be finite"),
+    "refused shape": ({"mask_shape": True}, r"rank 1's input was refused: mask must have the shape"),
+}  # fmt: skip
+
+
+def _agreement_call(rank: int, change: dict[str, Any], group: Any) -> str:
+    """One padded call of this rank with ``change`` applied on rank 1; what it raised."""
+    g = torch.Generator().manual_seed(11 + rank)  # each rank its own tokens of the rows
+    b, t = 4, 3 + rank
+    c = change if rank == 1 else {}
+    rows, dtype = c.get("rows", b), c.get("dtype", DT)
+    logp = -torch.rand(rows, t, generator=g, dtype=dtype)
+    adv = torch.tensor(c.get("advantages", [1.0, -1.5, 0.7, 2.0])[:rows], dtype=DT)
+    if c.get("nan"):
+        adv[0] = float("nan")
+    mask = torch.ones(rows, t + (1 if c.get("mask_shape") else 0), dtype=torch.bool)
+    weights = torch.rand(rows, generator=g, dtype=DT) + 0.5 if c.get("is_weights") else None
+    kw = {"epsilon": c.get("epsilon", 0.2), "impl": c.get("impl", "plain")}
+    try:
+        out = gmpo_loss(
+            logp, logp + 0.1, adv, mask, is_weights=weights, check_values=True,
+            process_group=group, **kw,
+        )  # fmt: skip
+    except ValueError as e:
+        return f"ValueError: {e}"
+    return f"ok {out.loss.item():.12f}"
+
+
+def _agreement_worker(rank: int, port: int, outdir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=300)
+    )
+    try:
+        assert dist.get_world_size() == WORLD
+        group = dist.group.WORLD
+        results = {"agree": _agreement_call(rank, {}, group)}
+        for name, (change, _) in DISAGREE.items():
+            results[name] = _agreement_call(rank, change, group)
+        results["after"] = _agreement_call(rank, {}, group)  # the group still works
+        torch.save(results, Path(outdir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def agreement(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, str]]:
+    outdir = tmp_path_factory.mktemp("agreement")
+    mp.spawn(_agreement_worker, args=(_free_port(), str(outdir)), nprocs=WORLD, join=True)
+    return [torch.load(outdir / f"rank{r}.pt") for r in range(WORLD)]
+
+
+@pytest.mark.parametrize("name", list(DISAGREE))
+def test_ranks_that_disagree_all_raise_the_same_error(
+    agreement: list[dict[str, str]], name: str
+) -> None:
+    """Defect: ranks that disagreed on B, dtype, given inputs, advantages or hyper-parameters
+    got a SIGABRT from gloo or silently different results, and a rank refused before the
+    collective left the others waiting. With check_values=True every rank raises one
+    ValueError naming what differs, or which rank's input was refused."""
+    got = [agreement[r][name] for r in range(WORLD)]
+    assert got[0] == got[1], got
+    assert got[0].startswith("ValueError: gmpo_loss:"), got[0]
+    assert re.search(DISAGREE[name][1], got[0]), got[0]
+
+
+def test_ranks_that_agree_compute(agreement: list[dict[str, str]]) -> None:
+    for key in ("agree", "after"):
+        got = [agreement[r][key] for r in range(WORLD)]
+        assert got[0] == got[1] and got[0].startswith("ok "), got

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,6 +13,7 @@ from gmpo_core import (
     clip_metrics,
     gmpo_loss,
     masked_geometric_mean,
+    reference,
     sequence_kl,
     trust_region_log_ratio,
 )
@@ -162,3 +164,37 @@ def test_building_blocks_by_hand(impl: str) -> None:
     s = clip_metrics(r, a, torch.ones(2, 3))
     # row 0 (A>0): 0.5 > 0.4 high; row 1 (A<0): -0.9 < -0.4 low
     assert (s.num_tokens.item(), s.num_clipped_high.item(), s.num_clipped_low.item()) == (6, 1, 1)
+
+
+# Regression, defect 8 of those found by trying the 0.1 default path as a new user would
+# (CHANGELOG, 0.2): float64 with dual_clip: the bounds were rounded to float32 on the plain path.
+@pytest.mark.parametrize("dual_clip", [None, 2.0])
+def test_float64_bounds_are_exact(impl: str, dual_clip: float | None) -> None:
+    """eps_high = 0.28 rounds to 0.2800000011920929 in float32: r = 0.28 + 5e-10 lies above the
+    float64 bound (clipped: gradient 0) and below the rounded one."""
+    old = torch.zeros(2, 2, dtype=torch.float64)
+    logp = torch.tensor([[0.28 + 5e-10, 0.1], [-(0.2 + 5e-10), 0.0]], dtype=torch.float64)
+    logp.requires_grad_()
+    adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    kw = {"epsilon": 0.2, "epsilon_high": 0.28, "dual_clip": dual_clip}
+    out = gmpo_loss(logp, old, adv, mask, impl=impl, **kw)
+    (grad,) = torch.autograd.grad(out.loss, logp)
+    exp = reference.gmpo_loss(logp.detach().numpy(), old.numpy(), adv.numpy(), mask.numpy(), **kw)
+    assert grad[0, 0] == 0 and grad[1, 0] == 0  # both tokens just outside their bound
+    np.testing.assert_allclose(grad.numpy(), exp.grad_logp, rtol=1e-12, atol=1e-15)
+    assert out.stats.num_clipped_high.item() == 1 and out.stats.num_clipped_low.item() == 1
+
+
+# Regression, defect 10 of those found by trying the 0.1 default path as a new user would
+# (CHANGELOG, 0.2): B = 0 gave a NaN loss (now 0).
+def test_empty_batch_gives_zero_loss(impl: str) -> None:
+    logp = torch.zeros(0, 4, requires_grad=True)
+    out = gmpo_loss(logp, torch.zeros(0, 4), torch.zeros(0), torch.ones(0, 4), impl=impl)
+    assert out.loss.item() == 0.0
+    out.loss.backward()
+    assert logp.grad is not None and logp.grad.shape == (0, 4)
+    assert (
+        reference.gmpo_loss(np.zeros((0, 4)), np.zeros((0, 4)), np.zeros(0), np.ones((0, 4))).loss
+        == 0.0
+    )

@@ -360,3 +360,26 @@ def test_matches_trl_chunked_logprob(bias: bool) -> None:
     for g, w in zip(got, want, strict=True):
         assert g is not None and w is not None
         close(g, w, torch.float32, "grad")
+
+
+# Regression, defect 9 of those found by trying the 0.1 default path as a new user would
+# (CHANGELOG, 0.2): token_logprobs returned NaN entropies (and gradients) where a logit is -inf.
+def test_token_logprobs_with_masked_vocabulary() -> None:
+    g = torch.Generator().manual_seed(9)
+    hidden = torch.randn(6, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(10, 8, generator=g, dtype=torch.float64)
+    bias = torch.zeros(10, dtype=torch.float64)
+    bias[3:6] = -math.inf  # vocabulary masking
+    targets = torch.tensor([0, 1, 2, 6, 7, 9])
+    logps, entropies = token_logprobs(hidden, weight, targets, bias=bias)
+    # expected: the same distribution over the entries that are not masked (they have p = 0)
+    keep = bias.isfinite()
+    log_p = torch.log_softmax(hidden @ weight[keep].T + bias[keep], -1)
+    kept_targets = (torch.cumsum(keep, 0) - 1)[targets]
+    expected_logps = log_p.gather(1, kept_targets[:, None]).squeeze(1)
+    expected_h = -(log_p.exp() * log_p).sum(-1)
+    torch.testing.assert_close(entropies, expected_h)
+    torch.testing.assert_close(logps, expected_logps)
+    (logps.sum() + entropies.sum()).backward()
+    (expected,) = torch.autograd.grad(expected_logps.sum() + expected_h.sum(), hidden)
+    torch.testing.assert_close(hidden.grad, expected)

@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch._dynamo.testing import CompileCounter
 
 from gmpo_core import (
@@ -194,3 +196,117 @@ def test_packed_hidden_states_to_loss_equal_padded() -> None:
     torch.testing.assert_close(gh_pk, gh_pad, rtol=1e-12, atol=1e-15)
     torch.testing.assert_close(gw_pk, gw_pad, rtol=1e-12, atol=1e-15)
     assert gw_pad.abs().sum() > 0
+
+
+# accuracy and exact counts of long segments ---------------------------------------------------
+
+
+def _one_segment(n: int, clipped: int) -> dict[str, Any]:
+    """One segment of ``n`` tokens: log-ratio 0.3 on the first ``clipped`` (above epsilon =
+    0.2: clipped), 0.1 on the rest."""
+    logp = torch.full((n,), -1.0)
+    r = torch.full((n,), 0.1)
+    r[:clipped] = 0.3
+    return {
+        "logp": logp.requires_grad_(),
+        "old_logp": logp.detach() - r,
+        "advantages": torch.tensor([1.0]),
+        "mask": torch.ones(n, dtype=torch.bool),
+        "cu_seqlens": torch.tensor([0, n]),
+        "epsilon": 0.2,
+    }
+
+
+@pytest.mark.parametrize("segments", [1, 2])
+def test_a_long_segment_sums_accurately(impl: str, segments: int) -> None:
+    """Defect: packed row sums were sequential float32 (``torch.segment_reduce``): one segment of
+    131,072 tokens with every log-ratio 0.3 (epsilon 0.2) gave ``log_coef`` a relative error of
+    1e-3, where the padded row gives 1.6e-7. Bound: 1e-6. (Two segments: the compiled path runs
+    compiled only where there is more than one row.)"""
+    n = 131_072
+    x = _one_segment(n, clipped=n)
+    if segments == 2:
+        x.update(
+            logp=torch.cat([x["logp"].detach(), x["logp"].detach()]).requires_grad_(),
+            old_logp=torch.cat([x["old_logp"], x["old_logp"]]),
+            advantages=torch.tensor([1.0, 2.0]),
+            mask=torch.ones(2 * n, dtype=torch.bool),
+            cu_seqlens=torch.tensor([0, n, 2 * n]),
+        )
+    out = gmpo_loss(**x, impl=impl)
+    want = torch.tensor(0.2, dtype=torch.float32).double()  # every token clipped to epsilon
+    err = ((out.log_coef.double() - want).abs() / want).max().item()
+    assert err <= 1e-6, err
+    assert out.stats.num_clipped_high.item() == segments * n
+
+
+@pytest.mark.slow
+def test_counts_stay_exact_past_float32_integers() -> None:
+    """Defect: one segment of 2^24 + 2^21 tokens (18.9M) reported ``num_tokens`` = 16,777,216
+    (2^24) and a wrong ``log_coef``, gradient and clip counts. A few seconds, about 1 GB."""
+    n, clipped = 2**24 + 2**21, 2**23 + 3
+    x = _one_segment(n, clipped)
+    out = gmpo_loss(**x)
+    out.loss.backward()
+    assert out.stats.num_tokens.item() == n
+    assert out.stats.num_clipped_high.item() == clipped
+    f32 = lambda v: torch.tensor(v, dtype=torch.float32).double()  # noqa: E731
+    want = (clipped * f32(0.2) + (n - clipped) * (f32(-1.0) - (f32(-1.0) - f32(0.1)))) / n
+    err = abs(out.log_coef.double().item() - want.item()) / want.item()
+    assert err <= 1e-6, err
+    grad = x["logp"].grad
+    # d loss / d logp_t = -A exp(log_coef) / n where the token is not clipped, 0 where it is
+    assert torch.count_nonzero(grad[:clipped]).item() == 0
+    expected = -torch.exp(want) / n
+    torch.testing.assert_close(
+        grad[clipped:].double(), expected.expand(n - clipped), rtol=1e-5, atol=0
+    )
+
+
+# cu_seqlens without segments -------------------------------------------------------------------
+
+
+def test_no_segments_with_tokens_is_refused(impl: str) -> None:
+    """Defect: ``cu_seqlens=tensor([0])`` (no segments) with 5 tokens passed validation and
+    raised ``IndexError`` inside ``index_select`` (on CUDA a device-side assert)."""
+    p = {
+        "logp": torch.zeros(5, requires_grad=True),
+        "old_logp": torch.zeros(5),
+        "advantages": torch.zeros(0),
+        "mask": torch.ones(5, dtype=torch.bool),
+        "cu_seqlens": torch.tensor([0]),
+    }
+    with pytest.raises(ValueError, match=r"cu_seqlens has no segment .* N = 5 tokens"):
+        gmpo_loss(**p, impl=impl)
+    with pytest.raises(ValueError, match=r"cu_seqlens has no segment"):
+        trust_region_log_ratio(p["old_logp"], p["advantages"], cu_seqlens=p["cu_seqlens"])
+
+
+@settings(max_examples=200)
+@given(
+    n=st.integers(0, 12),
+    bounds=st.lists(st.integers(-20, 20), min_size=1, max_size=6),
+    impl=st.sampled_from(["plain", "compiled"]),
+)
+def test_no_cu_seqlens_value_indexes_out_of_range(n: int, bounds: list[int], impl: str) -> None:
+    """Whatever values ``cu_seqlens`` holds (out of [0, N], decreasing, not ending at N), no
+    kernel indexes out of range: on CPU that would raise IndexError (on CUDA, a device-side
+    assert). Their values are refused only with ``check_values=True``."""
+    s = len(bounds) - 1
+    g = torch.Generator().manual_seed(n * 31 + s)
+    logp = torch.randn(n, generator=g).requires_grad_()
+    args = {
+        "old_logp": torch.randn(n, generator=g),
+        "advantages": torch.randn(s, generator=g),
+        "mask": torch.ones(n, dtype=torch.bool),
+        "cu_seqlens": torch.tensor(bounds),
+    }
+    if s == 0 and n > 0:  # tokens without a segment: refused by the shape check
+        with pytest.raises(ValueError, match="cu_seqlens has no segment"):
+            gmpo_loss(logp, **args, impl=impl)
+        return
+    out = gmpo_loss(logp, **args, impl=impl)
+    out.loss.backward()
+    assert out.per_sequence_loss.shape == (s,) and logp.grad is not None
+    trust_region_log_ratio(args["old_logp"], args["advantages"], cu_seqlens=args["cu_seqlens"])
+    clip_metrics(args["old_logp"], args["advantages"], args["mask"], cu_seqlens=args["cu_seqlens"])

@@ -128,16 +128,13 @@ def test_validation_does_not_synchronize_with_the_device() -> None:
 
     options.check_hyperparameters(0.4, 0.28, 3.0)
     options.check_beta(0.1, True)
-    _checks.check_gmpo_inputs(
-        meta["logp"],
-        meta["old_logp"],
-        meta["advantages"],
-        meta["mask"],
-        None,
-        torch.ones(B, device="meta"),
+    weights = torch.ones(B, device="meta")
+    inputs = _checks.Inputs(
+        meta["logp"], meta["old_logp"], meta["advantages"], meta["mask"], None, weights
     )
+    _checks.check_inputs(inputs)
     with pytest.raises(ValueError, match="advantages must have shape"):
-        _checks.check_gmpo_inputs(meta["logp"], None, meta["logp"], meta["mask"], None, None)
+        _checks.check_inputs(inputs._replace(advantages=meta["logp"]))
     # and the eager loss itself runs on meta tensors end to end (no .item(), no host sync)
     out = gmpo_loss(**meta, impl="plain")
     assert out.loss.device.type == "meta" and out.loss.shape == ()
@@ -154,3 +151,14 @@ def test_option_rules_load_without_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# Regression, defect 10 of those found by trying the 0.1 default path as a new user would
+# (CHANGELOG, 0.2): check_values=True let NaN advantages through.
+def test_check_values_rejects_nan_advantages(impl: str) -> None:
+    from tests._helpers import random_inputs
+
+    x = random_inputs(seed=10)
+    x["advantages"] = torch.tensor([1.0, math.nan, 0.5])
+    with pytest.raises(ValueError, match="advantages must be finite"):
+        gmpo_loss(**x, impl=impl, check_values=True)

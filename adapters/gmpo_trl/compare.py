@@ -14,6 +14,7 @@ from torch import Tensor
 from trl import GRPOTrainer
 
 from gmpo_core import clip_metrics
+from gmpo_trl.trainer import completion_tokens
 
 
 class RangeLoggingGRPOTrainer(GRPOTrainer):
@@ -32,9 +33,7 @@ class RangeLoggingGRPOTrainer(GRPOTrainer):
             raise RuntimeError("GRPOTrainer._compute_loss ran no forward pass")
         logps = self._last_logps.detach()
         old = inputs.get("old_per_token_logps")
-        mask = inputs["completion_mask"].bool()
-        if "tool_mask" in inputs:
-            mask = mask & inputs["tool_mask"].bool()
+        mask = completion_tokens(inputs)  # (B, T)
         r = torch.zeros_like(logps) if old is None else logps - old
         stats = clip_metrics(r, inputs["advantages"].reshape(-1), mask)
         extrema = torch.stack([stats.log_ratio_min, -stats.log_ratio_max]).float()

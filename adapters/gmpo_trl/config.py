@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from trl import GRPOConfig
+
+from gmpo_core.options import IMPLS, check_hyperparameters, check_impl
+from gmpo_trl.fields import OPTIONS
 
 RECIPES = "docs/recipes.md"
 
@@ -20,7 +23,14 @@ _OTHER_LOSS_FIELDS = (
     "vespo_k_neg",
     "vespo_lambda_neg",
 )
-_IMPLS = ("plain", "compiled")
+# gmpo_loss's epsilon, epsilon_high and dual_clip, as GMPOConfig calls them
+_NAMES = ("epsilon", "epsilon_high", "delta")
+
+
+def _option(name: str) -> Any:
+    """The dataclass field of one of GMPO's own options (``gmpo_trl.fields.OPTIONS``)."""
+    option = OPTIONS[name]
+    return field(default=option.default, metadata={"help": option.help})
 
 
 @dataclass
@@ -47,58 +57,13 @@ class GMPOConfig(GRPOConfig):
       soft-cap, extra kernel outputs) TRL's head is used and a warning says so once.
     """
 
-    epsilon: float = field(
-        default=0.4,
-        metadata={
-            "help": "Lower clip in log space: the token ratio's lower bound is exp(-epsilon). "
-            "GMPO recommends 0.4."
-        },
-    )
-    epsilon_high: float | None = field(
-        default=None,
-        metadata={
-            "help": "Upper clip in log space: the token ratio's upper bound is exp(epsilon_high). "
-            "None means epsilon."
-        },
-    )
-    delta: float | None = field(
-        default=None,
-        metadata={
-            "help": "GMPO's dual clip: caps the ratio of negative-advantage tokens at delta "
-            "(> 1), as GRPO's delta does. None: off."
-        },
-    )
-    loss_type: str = field(
-        default="gmpo",
-        metadata={
-            "help": "Always 'gmpo': the geometric mean of the clipped token ratios per sequence, "
-            "then the mean over sequences. Other values are refused; see docs/recipes.md."
-        },
-    )
-    use_bias_correction_kl: bool = field(
-        default=False,
-        metadata={
-            "help": "Always False under GMPO (GRPOConfig's default is True): the KL is gmpo_core's "
-            "sequence-level k3 estimator, which has no ratio-weighted form. True is refused."
-        },
-    )
-    gmpo_impl: str = field(
-        default="plain",
-        metadata={
-            "help": "gmpo_core path: 'plain' (plain PyTorch, no compilation) or 'compiled' "
-            "(torch.compile; compiles on the first step, see docs/api.md for when it pays). "
-            "TRL's torch_compile does not switch it on."
-        },
-    )
-    gmpo_lm_head: bool = field(
-        default=True,
-        metadata={
-            "help": "Score tokens with gmpo_core.token_logprobs instead of TRL's chunked LM head: "
-            "inside the trainer step it took 0.33x the time and 0.08x the peak memory of TRL's "
-            "head (docs/lm_head.md). Where it does not apply (a logit soft-cap, extra kernel "
-            "outputs) TRL's head is used, with one warning."
-        },
-    )
+    epsilon: float = _option("epsilon")
+    epsilon_high: float | None = _option("epsilon_high")
+    delta: float | None = _option("delta")
+    loss_type: str = _option("loss_type")
+    use_bias_correction_kl: bool = _option("use_bias_correction_kl")
+    gmpo_impl: str = _option("gmpo_impl")
+    gmpo_lm_head: bool = _option("gmpo_lm_head")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -135,15 +100,6 @@ def check_config(args: GRPOConfig) -> None:
                 f"{name}={getattr(args, name)!r} only applies to another loss_type and would "
                 f"change nothing under GMPO; remove it (see {RECIPES} for GMPO's variants)."
             )
-    for name in ("epsilon", "epsilon_high"):
-        value = getattr(args, name)
-        if value is None and name == "epsilon_high":
-            continue
-        if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-            raise ValueError(f"{name} must be a finite log-space bound > 0, got {value!r}")
-    if args.delta is not None and not (math.isfinite(args.delta) and args.delta > 1):
-        raise ValueError(
-            f"delta (GMPO's dual clip) must be a finite ratio cap > 1, got {args.delta!r}"
-        )
-    if getattr(args, "gmpo_impl", "plain") not in _IMPLS:
-        raise ValueError(f"gmpo_impl must be one of {_IMPLS}, got {args.gmpo_impl!r}")
+    # gmpo_core's own rules, under this config's field names
+    check_hyperparameters(args.epsilon, args.epsilon_high, args.delta, names=_NAMES)
+    check_impl(getattr(args, "gmpo_impl", IMPLS[0]), name="gmpo_impl")

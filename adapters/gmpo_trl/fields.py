@@ -18,6 +18,7 @@ silently absorbed; ``GMPOTrainer`` warns on an unknown one. ``docs/trl.md`` rend
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 Tag = Literal["honoured", "rejected", "irrelevant"]
@@ -145,10 +146,65 @@ resume_from_checkpoint warmup_ratio logging_dir local_rank
 for _name in _IRRELEVANT:
     FIELDS.setdefault(_name, (_I, "does not reach the loss step"))
 
-#: fields added by gmpo_trl.GMPOConfig (not in GRPOConfig)
-GMPO_FIELDS: dict[str, str] = {
-    "gmpo_impl": "gmpo_core path: 'plain' (default) or 'compiled' (opt-in torch.compile)",
-    "gmpo_lm_head": "score tokens with gmpo_core.token_logprobs instead of TRL's chunked head",
+
+@dataclass(frozen=True)
+class Option:
+    """One of ``GMPOConfig``'s own options: its default and help text (the dataclass field's, and
+    ``gmpo train --help``'s). ``added``: GRPOConfig has no such field. ``fixed``: GMPO accepts
+    one value only (``--help`` does not list it)."""
+
+    default: object
+    help: str
+    added: bool = False
+    fixed: bool = False
+
+
+#: The options ``GMPOConfig`` declares (GRPOConfig's own default and help replaced, or added), in
+#: ``--help``'s order: the one source of their defaults and help (pure Python: ``--help`` reads
+#: it without importing TRL). The impl names are ``gmpo_core.options.IMPLS``.
+OPTIONS: dict[str, Option] = {
+    "epsilon": Option(
+        0.4,
+        "Lower clip in log space: the token ratio's lower bound is exp(-epsilon). "
+        "GMPO recommends 0.4.",
+    ),
+    "epsilon_high": Option(
+        None,
+        "Upper clip in log space: the token ratio's upper bound is exp(epsilon_high). "
+        "None means epsilon.",
+    ),
+    "delta": Option(
+        None,
+        "GMPO's dual clip: caps the ratio of negative-advantage tokens at delta (> 1), as GRPO's "
+        "delta does. None: off.",
+    ),
+    "gmpo_impl": Option(
+        "plain",
+        "gmpo_core path: 'plain' (plain PyTorch, no compilation) or 'compiled' (torch.compile; "
+        "compiles on the first step, see docs/api.md for when it pays). TRL's torch_compile "
+        "does not switch it on.",
+        added=True,
+    ),
+    "gmpo_lm_head": Option(
+        True,
+        "Score tokens with gmpo_core.token_logprobs instead of TRL's chunked LM head: inside the "
+        "trainer step it took 0.33x the time and 0.08x the peak memory of TRL's head "
+        "(docs/lm_head.md). Where it does not apply (a logit soft-cap, extra kernel outputs) "
+        "TRL's head is used, with one warning.",
+        added=True,
+    ),
+    "loss_type": Option(
+        "gmpo",
+        "Always 'gmpo': the geometric mean of the clipped token ratios per sequence, then the "
+        "mean over sequences. Other values are refused; see docs/recipes.md.",
+        fixed=True,
+    ),
+    "use_bias_correction_kl": Option(
+        False,
+        "Always False under GMPO (GRPOConfig's default is True): the KL is gmpo_core's "
+        "sequence-level k3 estimator, which has no ratio-weighted form. True is refused.",
+        fixed=True,
+    ),
 }
 
 

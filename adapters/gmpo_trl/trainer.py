@@ -57,6 +57,8 @@ def forward_keys(trainer_cls: type = GRPOTrainer) -> tuple[str, ...]:
 
 
 FORWARD_KEYS = forward_keys()
+# the adaptive entropy controller's window mean, read with the metrics (not logged)
+_WORLD_ENTROPY = "_world_entropy"
 
 
 def compute_loss_fingerprint() -> str:
@@ -143,9 +145,7 @@ class GMPOTrainer(GRPOTrainer):
             **{k: inputs.get(k) for k in FORWARD_KEYS},
         )  # logps, entropies: (B, T)
 
-        mask = completion_mask.bool()  # (B, T) the host's valid tokens
-        if "tool_mask" in inputs:
-            mask = mask & inputs["tool_mask"].bool()
+        mask = completion_tokens(inputs)  # (B, T) the host's valid tokens
         advantages = inputs["advantages"]
         if advantages.dim() == 2 and advantages.shape[1] == 1:
             advantages = advantages.squeeze(1)
@@ -212,18 +212,28 @@ class GMPOTrainer(GRPOTrainer):
         policy_loss = loss.detach()
         loss = loss / accumulation
 
-        metrics = self._metrics[mode]
+        # host values read with the metrics, in the step's one device synchronization
+        pending: dict[str, Tensor] = {}
+        world_entropy = None
         if self._entropy_bonus_enabled:
             effective = mask if entropy_mask is None else mask & entropy_mask
-            loss = loss - self._entropy_bonus(entropies, effective, mode, accumulation)
-            metrics["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
-            if mode == "train" and self.accelerator.sync_gradients:
-                metrics["entropy_coef"].append(self.entropy_coef)
+            bonus, world_entropy = self._entropy_bonus(entropies, effective, mode, accumulation)
+            loss = loss - bonus
+            pending["policy_loss"] = self.accelerator.gather(policy_loss).nanmean()
+            if world_entropy is not None:
+                pending[_WORLD_ENTROPY] = world_entropy
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
-            metrics["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
+            pending["aux_loss"] = self.accelerator.gather_for_metrics(aux_loss).mean()
 
-        self._log_gmpo_metrics(out, entropies, mask, kl_sum, kl_count, mode)
+        host = self._log_gmpo_metrics(out, entropies, mask, kl_sum, kl_count, mode, pending)
+        metrics = self._metrics[mode]
+        if world_entropy is not None:
+            self._update_entropy_coef(host.pop(_WORLD_ENTROPY))
+        for key, value in host.items():
+            metrics[key].append(value)
+        if self._entropy_bonus_enabled and mode == "train" and self.accelerator.sync_gradients:
+            metrics["entropy_coef"].append(self.entropy_coef)
         return loss
 
     # ------------------------------------------------------------------------------------------
@@ -232,31 +242,38 @@ class GMPOTrainer(GRPOTrainer):
 
     def _entropy_bonus(
         self, entropies: Tensor, effective: Tensor, mode: str, accumulation: int
-    ) -> Tensor:
-        """``coef * H``, H the mean entropy over ``effective`` tokens, scaled for accumulation,
-        with GRPOTrainer's coefficient and adaptive-controller state (``entropy_coef``,
-        ``_last_world_entropy``, ``_entropy_window_stats``; saved in its checkpoints)."""
+    ) -> tuple[Tensor, Tensor | None]:
+        """``(coef * H, world)``: H the mean entropy over ``effective`` tokens, scaled for
+        accumulation, with GRPOTrainer's coefficient and adaptive-controller state
+        (``entropy_coef``, ``_last_world_entropy``, ``_entropy_window_stats``; saved in its
+        checkpoints); ``world`` the window's mean entropy over all processes (0-d, on the
+        device) where the adaptive controller closes its window, else None. The caller reads it
+        with the metrics and passes it to :meth:`_update_entropy_coef`."""
         ent_sum = torch.where(effective, entropies, 0).sum()
         count = effective.sum()
         mean_entropy = ent_sum / count.clamp(min=1) / accumulation
         coef = self.entropy_coef
         if self.use_adaptive_entropy and self._last_world_entropy > self.args.entropy_target:
             coef = 0.0  # the gate from the end of the previous optimizer step
+        world = None
         if self.use_adaptive_entropy and mode == "train":
             stats = torch.stack([ent_sum.detach(), count.to(ent_sum.dtype)])
             window = self._entropy_window_stats
             self._entropy_window_stats = stats if window is None else window + stats
             if self.accelerator.sync_gradients:
                 total = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
-                world = (total[0] / total[1].clamp(min=1.0)).item()
-                step = self.args.entropy_coef_delta
-                if world <= self.args.entropy_target:
-                    self.entropy_coef = min(self.entropy_coef + step, self.args.entropy_coef_max)
-                else:
-                    self.entropy_coef = max(self.entropy_coef - step, self.args.entropy_coef_min)
-                self._last_world_entropy = world
+                world = total[0] / total[1].clamp(min=1.0)
                 self._entropy_window_stats = None
-        return coef * mean_entropy
+        return coef * mean_entropy, world
+
+    def _update_entropy_coef(self, world: float) -> None:
+        """GRPOTrainer's adaptive controller step, from the window's mean entropy ``world``."""
+        step = self.args.entropy_coef_delta
+        if world <= self.args.entropy_target:
+            self.entropy_coef = min(self.entropy_coef + step, self.args.entropy_coef_max)
+        else:
+            self.entropy_coef = max(self.entropy_coef - step, self.args.entropy_coef_min)
+        self._last_world_entropy = world
 
     # ------------------------------------------------------------------------------------------
     # metrics
@@ -270,10 +287,12 @@ class GMPOTrainer(GRPOTrainer):
         kl_sum: Tensor | None,
         kl_count: Tensor,
         mode: str,
-    ) -> None:
+        pending: dict[str, Tensor],
+    ) -> dict[str, float]:
         """Global metrics from per-process sums and extrema (``gmpo_core.metrics``): two
         collectives, one host sync. Fractions are sums over sums; the extrema are the min of
-        mins (maxima negated)."""
+        mins (maxima negated). The 0-d tensors in ``pending`` (already reduced) are read in the
+        same sync and returned as floats, for the caller to log or use."""
         f64 = torch.float64
         sums = torch.cat(
             [
@@ -300,9 +319,19 @@ class GMPOTrainer(GRPOTrainer):
         values["entropy"] = torch.where(n_ent > 0, ent / n_ent.clamp(min=1), nan)
         if self.beta != 0.0:
             values["kl"] = torch.where(n_kl > 0, kl / n_kl.clamp(min=1), nan)
-        host = dict(
-            zip(values, torch.stack([v.to(f64) for v in values.values()]).tolist(), strict=True)
-        )
+        tensors = [*values.values(), *pending.values()]
+        read = torch.stack([v.to(f64).reshape(()) for v in tensors]).tolist()  # the one sync
+        host = dict(zip([*values, *pending], read, strict=True))
         m = self._metrics[mode]
-        for key, value in host.items():
-            m[key].append(value)
+        for key in values:
+            m[key].append(host[key])
+        return {key: host[key] for key in pending}
+
+
+def completion_tokens(inputs: dict[str, Any]) -> Tensor:
+    """The completion tokens a loss step reads, (B, T) bool: GRPOTrainer's ``completion_mask``
+    without the tool-result tokens (``tool_mask``, when the batch has one)."""
+    mask = inputs["completion_mask"].bool()
+    if "tool_mask" in inputs:
+        mask = mask & inputs["tool_mask"].bool()
+    return mask

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any
@@ -35,15 +36,19 @@ import torch
 from torch import Tensor
 
 from gmpo_core import gmpo_loss
+from gmpo_core.options import IMPLS, Impl, check_hyperparameters, check_impl
 
 logger = logging.getLogger("gmpo_verl")
 
 #: The ``loss_agg_mode`` values GMPO accepts, and what each means (see the module docstring).
 LOSS_AGG_MODES = ("seq-mean-token-mean", "token-mean")
+SUM_MODES = ("token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm")  # verl's, refused
 #: Environment variable selecting :func:`gmpo_core.gmpo_loss`'s ``impl`` (verl's config classes
 #: reject unknown keys): ``plain`` (default) or ``compiled``. verl's own
 #: ``actor.use_torch_compile`` does not turn gmpo's compiled path on.
 IMPL_ENV = "GMPO_VERL_IMPL"
+# gmpo_loss's epsilon, epsilon_high and dual_clip, as verl's actor config calls them
+_NAMES = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")
 # relative tolerance above which per-token advantages are said to vary within a row
 _ADV_SPREAD_RTOL = 1e-5
 
@@ -127,11 +132,19 @@ def check_loss_agg_mode(loss_agg_mode: str) -> str:
                 "number of tokens; the paper's objective is loss_agg_mode=seq-mean-token-mean.",
             )
         return loss_agg_mode
+    use = (
+        "Use loss_agg_mode=seq-mean-token-mean (the paper's objective) or token-mean (each "
+        "sequence weighted by its token count)."
+    )
+    if loss_agg_mode in SUM_MODES:
+        raise ValueError(
+            f"loss_mode=gmpo does not support loss_agg_mode={loss_agg_mode!r}: GMPO's loss is "
+            "one length-normalized term per sequence, and a token sum would rescale it by the "
+            f"sequence length. {use}"
+        )
     raise ValueError(
-        f"loss_mode=gmpo does not support loss_agg_mode={loss_agg_mode!r}: GMPO's loss is one "
-        "length-normalized term per sequence, and a token sum would rescale it by the sequence "
-        "length. Use loss_agg_mode=seq-mean-token-mean (the paper's objective) or token-mean "
-        "(each sequence weighted by its token count)."
+        f"loss_agg_mode={loss_agg_mode!r} is not one of verl's modes "
+        f"({', '.join((*LOSS_AGG_MODES, *SUM_MODES))}). {use}"
     )
 
 
@@ -159,22 +172,21 @@ def clip_bounds(config: Any) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def _dual_clip(config: Any) -> float:
-    """``clip_ratio_c``: the cap on the ratio of negative-advantage tokens (gmpo_dual_clip)."""
+def _dual_clip(config: Any) -> object:
+    """``clip_ratio_c``: the cap on the ratio of negative-advantage tokens (gmpo_dual_clip),
+    checked with the clip range in ``_policy_loss``."""
     c = _config_value(config, "clip_ratio_c")
-    if isinstance(c, bool) or not isinstance(c, Real):
+    if c is None:
         raise ValueError(
-            f"loss_mode=gmpo_dual_clip needs clip_ratio_c (a number > 1) in the actor config, "
-            f"got {c!r}"
+            "loss_mode=gmpo_dual_clip needs clip_ratio_c (a number > 1) in the actor config, "
+            "got None"
         )
-    return float(c)
+    return c
 
 
-def _impl() -> str:
-    impl = os.environ.get(IMPL_ENV, "plain")
-    if impl not in ("plain", "compiled"):
-        raise ValueError(f"{IMPL_ENV} must be 'plain' (the default) or 'compiled', got {impl!r}")
-    return impl
+def _impl() -> Impl:
+    """gmpo_core's path from ``GMPO_VERL_IMPL`` (unset or empty: the default)."""
+    return check_impl(os.environ.get(IMPL_ENV) or IMPLS[0], name=IMPL_ENV)
 
 
 def sequence_advantages(advantages: Tensor, valid: Tensor, n: Tensor) -> Tensor:
@@ -197,16 +209,33 @@ def sequence_advantages(advantages: Tensor, valid: Tensor, n: Tensor) -> Tensor:
     return torch.where(valid, advantages, 0).sum(-1) / n.clamp(min=1).to(advantages.dtype)
 
 
-def compute_policy_loss_gmpo(
-    old_log_prob: Tensor,
-    log_prob: Tensor,
-    advantages: Tensor,
-    response_mask: Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
-    rollout_is_weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
-    """GMPO policy loss for verl (``loss_mode=gmpo``), normalized by the global mini-batch.
+PolicyLossFn = Callable[..., tuple[Tensor, dict[str, float]]]
+
+
+def _policy_loss_fn(name: str, *, dual_clip: bool) -> PolicyLossFn:
+    """The verl ``PolicyLossFn`` registered as ``loss_mode=<name>``: verl calls it by keyword."""
+
+    def policy_loss(
+        old_log_prob: Tensor,
+        log_prob: Tensor,
+        advantages: Tensor,
+        response_mask: Tensor,
+        loss_agg_mode: str = "token-mean",
+        config: Any = None,
+        rollout_is_weights: Tensor | None = None,
+    ) -> tuple[Tensor, dict[str, float]]:
+        return _policy_loss(
+            old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+            rollout_is_weights, dual_clip=dual_clip,
+        )  # fmt: skip
+
+    policy_loss.__name__ = policy_loss.__qualname__ = name
+    return policy_loss
+
+
+compute_policy_loss_gmpo = _policy_loss_fn("compute_policy_loss_gmpo", dual_clip=False)
+compute_policy_loss_gmpo.__doc__ = """GMPO policy loss for verl (``loss_mode=gmpo``), normalized by
+    the global mini-batch.
 
     Args:
         old_log_prob: behaviour-policy log-probs.
@@ -225,28 +254,13 @@ def compute_policy_loss_gmpo(
     Shape:
         old_log_prob, log_prob, advantages, response_mask, rollout_is_weights: (B, T).
     """
-    return _policy_loss(
-        old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
-        rollout_is_weights, dual_clip=False,
-    )  # fmt: skip
-
-
-def compute_policy_loss_gmpo_dual_clip(
-    old_log_prob: Tensor,
-    log_prob: Tensor,
-    advantages: Tensor,
-    response_mask: Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
-    rollout_is_weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
-    """``loss_mode=gmpo_dual_clip``: :func:`compute_policy_loss_gmpo` with the ratio of
-    negative-advantage tokens also capped at ``config.clip_ratio_c`` (verl's dual-clip constant,
-    default 3.0; must be > 1). Adds the metric ``actor/pg_clipfrac_dual``."""
-    return _policy_loss(
-        old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
-        rollout_is_weights, dual_clip=True,
-    )  # fmt: skip
+compute_policy_loss_gmpo_dual_clip = _policy_loss_fn(
+    "compute_policy_loss_gmpo_dual_clip", dual_clip=True
+)
+compute_policy_loss_gmpo_dual_clip.__doc__ = """``loss_mode=gmpo_dual_clip``:
+    :func:`compute_policy_loss_gmpo` with the ratio of negative-advantage tokens also capped at
+    ``config.clip_ratio_c`` (verl's dual-clip constant, default 3.0; must be > 1). Adds the metric
+    ``actor/pg_clipfrac_dual``."""
 
 
 def _policy_loss(
@@ -264,7 +278,10 @@ def _policy_loss(
         raise ValueError("loss_mode=gmpo needs config (verl's ActorConfig), got None")
     mode = check_loss_agg_mode(loss_agg_mode)
     eps_low, eps_high = clip_bounds(config)
-    dual = _dual_clip(config) if dual_clip else None
+    cap = _dual_clip(config) if dual_clip else None
+    # gmpo_core's own rules, under verl's names (gmpo_loss checks them again under its own)
+    check_hyperparameters(eps_low, eps_high, cap, names=_NAMES)
+    dual = None if cap is None else float(cap)  # type: ignore[arg-type]
     batch = global_batch(config, mode, log_prob.shape[0])
 
     valid = response_mask if response_mask.dtype == torch.bool else response_mask != 0  # (B, T)

@@ -35,7 +35,7 @@ fi
 WORKDIR=${WORKDIR:-$(mktemp -d -t gmpo_smoke.XXXXXX)}
 mkdir -p "$WORKDIR"
 STEPS=${STEPS:-3}
-support() { PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m tests.verl._e2e "$@"; }
+support() { PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m examples.verl.cpu.e2e "$@"; }
 
 user=("$@")
 if [ ${#user[@]} -eq 0 ]; then  # the tiny task: model, tokenizer, data and reward built here

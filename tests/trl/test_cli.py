@@ -10,7 +10,8 @@ import pytest
 
 pytest.importorskip("trl")
 
-from gmpo_trl.cli import main, read_metrics
+from gmpo_trl.cli import main
+from gmpo_trl.cli.reports import read_metrics
 
 pytestmark = pytest.mark.trl
 
@@ -71,7 +72,7 @@ def test_reward_and_dataset_options(tmp_path, monkeypatch):
         (["train", "--seeds", "3"], "unrecognized arguments: --seeds"),
         (["train", "--max_steps", "many"], "max_steps"),
         (["train", "--loss_type", "dapo"], "loss_type='dapo' has no meaning for GMPO"),
-        (["train", "--epsilon", "-1"], "epsilon must be a finite log-space bound > 0"),
+        (["train", "--epsilon", "-1"], "epsilon must be a finite number > 0 (a log-space bound), got -1.0"),
         (["train", "--reward", "nocolon"], "'nocolon': not module:function; give module:function"),
         (["train", "--reward", "json:nope"], "module json has no function 'nope'; give module:"),
         (["train", "--reward", "no_such_module_xyz:f"],
@@ -91,15 +92,45 @@ def test_reward_and_dataset_options(tmp_path, monkeypatch):
         (["compare", "--model", "/nonexistent/model"], "--model '/nonexistent/model': no such"),
         (["compare", "--seeds", "0"], "--seeds must be at least 1, got 0"),
         (["train", "--config", "no_such.yaml"], "--config: no such file 'no_such.yaml'"),
+        # issue 19, defect 6: these ended in a traceback and exit 1
+        (["train", "--config", "bad.yaml"],
+         "--config 'bad.yaml': not valid YAML: expected ',' or ']', but got ':' (line 2, "
+         "column 8)"),
+        (["train", "--config", "."], "--config '.': Is a directory"),
+        (["train", "--per_device_train_batch_size", "0"],
+         "--per_device_train_batch_size must be an integer >= 1, got 0"),
+        (["train", "--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps must be"),
+        (["train", "--num_generations", "0"], "--num_generations must be an integer >= 1, got 0"),
+        (["train", "--steps_per_generation", "0"], "--steps_per_generation must be"),
+        (["train", "--num_iterations", "0"], "--num_iterations must be an integer >= 1, got 0"),
+        (["train", "--learning_rate", "-1"], "--learning_rate must be a finite number >= 0, got"),
+        (["compare", "--per_device_train_batch_size", "0"], "--per_device_train_batch_size must"),
     ],
 )  # fmt: skip
 def test_bad_arguments_get_one_line(tmp_path, capsys, monkeypatch, argv, match):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "README.txt").write_text("x")
+    (tmp_path / "bad.yaml").write_text("max_steps: [1\nepsilon: 0.3\n")  # an unclosed list
     assert main([*argv, "--output_dir", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("gmpo") and match in err[0], err
     assert not (tmp_path / "out").exists()  # refused before any work
+
+
+@pytest.mark.parametrize("command", ["train", "compare"])
+@pytest.mark.parametrize("below", ["", "out"])
+def test_output_dir_at_or_below_a_file_is_refused_before_training(tmp_path, capsys, command, below):
+    """Issue 19, defect 6: ``NotADirectoryError`` (traceback, exit 1) once the run tried to save."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    out = blocker / below if below else blocker
+    assert main([command, "--output_dir", str(out), "--max_steps", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"gmpo {command}: error: --output_dir {str(out)!r}: {str(blocker)!r} is a file, "
+        "not a directory"
+    ]
+    assert blocker.read_text() == "x"
 
 
 def test_console_script_error_has_no_traceback(tmp_path):
@@ -111,7 +142,8 @@ def test_console_script_error_has_no_traceback(tmp_path):
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("gmpo")]
     assert lines == [
-        "gmpo train: error: delta (GMPO's dual clip) must be a finite ratio cap > 1, got 0.5"
+        "gmpo train: error: delta must be a finite number > 1 (a cap on the ratio for negative "
+        "advantages), got 0.5"
     ]
     assert "Traceback" not in proc.stderr
 
@@ -165,7 +197,9 @@ def test_help_defaults_are_gmpoconfigs():
     import dataclasses
 
     from gmpo_trl import GMPOConfig
-    from gmpo_trl.cli import COMMON_TRL_OPTIONS, GMPO_OPTIONS, gmpo_field_help
+    from gmpo_trl.cli.help import short_help
+    from gmpo_trl.cli.options import COMMON_TRL_OPTIONS
+    from gmpo_trl.fields import OPTIONS
 
     declared = {f.name: f for f in dataclasses.fields(GMPOConfig)}
     for name, (_, default, _) in COMMON_TRL_OPTIONS.items():
@@ -173,11 +207,15 @@ def test_help_defaults_are_gmpoconfigs():
             assert declared[name].default == default, name
     # bf16 and use_cpu: decided at run time (test_no_accelerator_means_cpu)
     assert declared["bf16"].default is None and declared["use_cpu"].default is False
-    parsed = gmpo_field_help()
-    for name in GMPO_OPTIONS:
-        default, text = parsed[name]
-        assert (default, text) == (declared[name].default, declared[name].metadata["help"])
-    assert declared["gmpo_lm_head"].default is True
+    text = " ".join(short_help("train").split())
+    shown = [name for name, option in OPTIONS.items() if not option.fixed]
+    assert shown == ["epsilon", "epsilon_high", "delta", "gmpo_impl", "gmpo_lm_head"]
+    said = {"epsilon": " Default: 0.4.", "epsilon_high": "", "delta": "",
+            "gmpo_impl": " Default: 'plain'.", "gmpo_lm_head": " Default: true."}  # fmt: skip
+    for name in shown:  # GMPOConfig's help text and default, as --help shows them
+        assert f"--{name} X {declared[name].metadata['help']}{said[name]}" in text, name
+    assert declared["gmpo_lm_head"].default is True and declared["gmpo_impl"].default == "plain"
+    assert "Default: 0.4. --epsilon_high" in text and "--loss_type" not in text
 
 
 def test_help_all_lists_every_option(capsys):
@@ -200,7 +238,8 @@ def test_no_accelerator_means_cpu(tmp_path, capsys):
     """With --model and no GPU: use_cpu and no bf16 without a flag (GRPOConfig would refuse
     bf16 on a CPU); the run trains a local model directory."""
     from gmpo_trl import GMPOConfig, toy
-    from gmpo_trl.cli import _parse, has_accelerator
+    from gmpo_trl.cli.options import has_accelerator
+    from gmpo_trl.cli.parsing import parse
 
     if has_accelerator():
         pytest.skip("an accelerator is present")
@@ -208,10 +247,11 @@ def test_no_accelerator_means_cpu(tmp_path, capsys):
     tokenizer = toy.char_tokenizer()
     toy.tiny_model(tokenizer, seed=0).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
-    _, config = _parse("train", ["--model", str(model_dir), "--output_dir", str(tmp_path)],
-                       GMPOConfig)  # fmt: skip
+    config = parse("train", ["--model", str(model_dir), "--output_dir", str(tmp_path)]).config(
+        GMPOConfig
+    )
     assert (config.use_cpu, config.bf16, config.learning_rate) == (True, False, 1e-6)
-    _, config = _parse("train", ["--model", str(model_dir), "--bf16", "true"], GMPOConfig)
+    config = parse("train", ["--model", str(model_dir), "--bf16", "true"]).config(GMPOConfig)
     assert config.bf16 is True  # the user's value wins
     out = tmp_path / "out"
     argv = ["train", "--model", str(model_dir), "--output_dir", str(out), "--max_steps", "2",
@@ -234,7 +274,7 @@ def test_summary_counts_optimizer_steps_not_logged_rows(tmp_path, capsys):
 
 
 def test_log_ratio_range_skips_on_policy_steps():
-    from gmpo_trl.cli import has_range, run_summary
+    from gmpo_trl.cli.reports import has_range, run_summary
 
     rows = [
         {"step": 1, "reward": 0.1, "log_ratio/min": 0.0, "log_ratio/max": 0.0},
@@ -263,7 +303,7 @@ def _capture_figure(monkeypatch):
 
 
 def test_training_plot_markers_clip_lines_and_clip_series(tmp_path, monkeypatch):
-    from gmpo_trl.cli import plot_training
+    from gmpo_trl.cli.plots import plot_training
 
     figures = _capture_figure(monkeypatch)
     rows = [{"step": 1, "reward": 0.5, "log_ratio/min": -0.3, "log_ratio/max": 0.2,
@@ -287,7 +327,7 @@ def test_training_plot_markers_clip_lines_and_clip_series(tmp_path, monkeypatch)
 def test_compare_plot_mean_and_spread(tmp_path, monkeypatch):
     from matplotlib.collections import PolyCollection
 
-    from gmpo_trl.cli import plot_compare
+    from gmpo_trl.cli.plots import plot_compare
 
     figures = _capture_figure(monkeypatch)
 
@@ -310,14 +350,110 @@ def test_compare_plot_mean_and_spread(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------------------------
 
 
-def test_strip_options_removes_gmpo_only_options():
-    from gmpo_trl.cli import gmpo_only_options, strip_options
+def _configs_parsed_twice(argv: list[str]) -> tuple[object, object]:
+    """``gmpo compare``'s two configs as they were built before issue 22: argv parsed for
+    GMPOConfig, then, without GMPOConfig's own options, parsed again for GRPOConfig, whose loss and
+    clip were then set with ``setattr``. The oracle of the single parse."""
+    import argparse
+    import dataclasses
 
-    only = gmpo_only_options()
-    assert only == {"gmpo_impl": False, "gmpo_lm_head": True}
-    argv = ["--gmpo_lm_head", "--max_steps", "3", "--gmpo_impl", "plain", "--gmpo_lm_head=false",
-            "--gmpo_lm_head", "True", "--beta", "0.1"]  # fmt: skip
-    assert strip_options(argv, only) == ["--max_steps", "3", "--beta", "0.1"]
+    from trl import GRPOConfig, TrlParser
+
+    from gmpo_trl import GMPOConfig
+    from gmpo_trl.cli.compare import CompareArguments
+    from gmpo_trl.cli.options import run_defaults
+
+    probe = argparse.ArgumentParser(add_help=False)
+    for name in ("--model", "--output_dir", "--grpo_epsilon"):
+        probe.add_argument(name)
+    known, _ = probe.parse_known_args(argv)
+
+    def parse(argv: list[str], cls: type, forced: dict[str, object]) -> object:
+        names = {f.name for f in dataclasses.fields(cls)}
+        base = {**run_defaults("compare", model=known.model, output_dir=known.output_dir), **forced}
+        parser = TrlParser((CompareArguments, cls))
+        parser.set_defaults_with_config(**{k: v for k, v in base.items() if k in names})
+        _, config = parser.parse_args_and_config(argv)
+        for key, value in forced.items():
+            setattr(config, key, value)
+        return config
+
+    gmpo_only = {f.name for f in dataclasses.fields(GMPOConfig)} - {
+        f.name for f in dataclasses.fields(GRPOConfig)
+    }
+    grpo_argv, i = [], 0
+    while i < len(argv):  # each GMPO-only option here has its value as the next word
+        if argv[i][2:] in gmpo_only:
+            i += 2
+        else:
+            grpo_argv.append(argv[i])
+            i += 1
+    eps = float(known.grpo_epsilon or 0.2)
+    grpo = parse(grpo_argv, GRPOConfig, {"loss_type": "grpo", "epsilon": eps, "epsilon_high": None})
+    return grpo, parse(argv, GMPOConfig, {})
+
+
+def test_compare_parses_once_into_the_configs_it_built_parsing_twice(tmp_path):
+    """Issue 22: one parse; GRPO's config from the options the user set. Both configs equal
+    (``to_dict()``) the two-parse construction on each argument list."""
+    from gmpo_trl.cli.compare import configs
+    from gmpo_trl.cli.parsing import parse
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")  # parsing reads no model
+    (tmp_path / "run.yaml").write_text("max_steps: 7\nepsilon: 0.25\ntemperature: 0.7\n")
+    out = ["--output_dir", str(tmp_path / "out")]
+    argv_lists = [
+        [],
+        ["--epsilon", "0.3", "--epsilon_high", "0.5", "--delta", "2.0", "--gmpo_impl", "compiled",
+         "--gmpo_lm_head", "false", "--max_steps", "5", "--grpo_epsilon", "0.1", "--seed", "3"],
+        ["--model", str(tmp_path / "model"), "--beta", "0.04", "--learning_rate", "1e-5",
+         "--num_iterations", "3", "--use_vllm", "false", "--logging_steps", "2"],
+        ["--config", str(tmp_path / "run.yaml"), "--max_steps", "9", "--seeds", "2"],
+    ]  # fmt: skip
+    for argv in argv_lists:
+        grpo, gmpo = configs(parse("compare", [*argv, *out]))
+        old_grpo, old_gmpo = _configs_parsed_twice([*argv, *out])
+        assert type(grpo).__name__ == "GRPOConfig" and type(gmpo).__name__ == "GMPOConfig"
+        assert grpo.to_dict() == old_grpo.to_dict(), argv
+        assert gmpo.to_dict() == old_gmpo.to_dict(), argv
+        assert (grpo.loss_type, gmpo.loss_type) == ("grpo", "gmpo")
+    assert (grpo.max_steps, gmpo.max_steps, gmpo.epsilon, grpo.epsilon) == (9, 9, 0.25, 0.2)
+
+
+def test_a_model_named_in_the_config_file_is_not_the_toy_run(tmp_path):
+    """--model in the YAML file counts as --model: the toy run's settings (learning rate 5e-3,
+    150 steps...) do not apply (before the single parse only the command line's --model did)."""
+    from gmpo_trl.cli.parsing import parse
+
+    (tmp_path / "run.yaml").write_text(f"model: {tmp_path}\nmax_steps: 4\n")
+    toy = parse("train", ["--output_dir", str(tmp_path / "out")])
+    named = parse("train", ["--config", str(tmp_path / "run.yaml"), "--output_dir", str(tmp_path)])
+    assert toy.script.model is None and toy.defaults["learning_rate"] == 5e-3
+    assert named.script.model == str(tmp_path) and "learning_rate" not in named.defaults
+    assert named.values["max_steps"] == 4
+
+
+def test_compare_gmpo_only_options_reach_gmpo_only(tmp_path):
+    """``gmpo_impl`` and ``gmpo_lm_head`` (command line or YAML) configure GMPO; GRPO's config
+    has no such fields and keeps GRPOConfig's own defaults for the fields GMPO redefines."""
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    from gmpo_trl.cli.compare import configs
+    from gmpo_trl.cli.parsing import parse
+    from gmpo_trl.fields import OPTIONS
+
+    (tmp_path / "run.yaml").write_text("gmpo_impl: compiled\n")
+    argv = ["--config", str(tmp_path / "run.yaml"), "--gmpo_lm_head", "false", "--output_dir",
+            str(tmp_path / "out")]  # fmt: skip
+    grpo, gmpo = configs(parse("compare", argv))
+    assert (gmpo.gmpo_impl, gmpo.gmpo_lm_head) == ("compiled", False)
+    assert not any(hasattr(grpo, name) for name, o in OPTIONS.items() if o.added)
+    grpo_defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    assert grpo.use_bias_correction_kl is grpo_defaults["use_bias_correction_kl"] is True
+    assert (grpo.epsilon, grpo.epsilon_high, grpo.delta) == (0.2, None, None)
 
 
 def test_compare_seeds_and_gmpo_options(tmp_path, capsys):

@@ -40,10 +40,10 @@ def test_defaults(tmp_path):
         ({"use_bias_correction_kl": True}, r"use_bias_correction_kl=True is not supported"),
         ({"sapo_temperature_neg": 2.0}, r"sapo_temperature_neg=2.0 only applies"),
         ({"vespo_k_pos": 1.0}, r"vespo_k_pos=1.0 only applies"),
-        ({"epsilon": 0.0}, r"epsilon must be a finite log-space bound > 0"),
+        ({"epsilon": 0.0}, r"epsilon must be a finite number > 0 \(a log-space bound\), got 0.0"),
         ({"epsilon_high": float("inf")}, r"epsilon_high must be"),
-        ({"delta": 1.0}, r"delta .* must be a finite ratio cap > 1, got 1.0"),
-        ({"gmpo_impl": "fast"}, r"gmpo_impl must be one of"),
+        ({"delta": 1.0}, r"delta must be a finite number > 1 .*got 1.0"),
+        ({"gmpo_impl": "fast"}, r"gmpo_impl must be 'plain' \(the default\) or 'compiled', got"),
     ],
 )
 def test_refusals(tmp_path, kwargs, match):
@@ -139,7 +139,27 @@ def test_table_tags_and_gmpo_fields():
     ours = {f.name for f in dataclasses.fields(GMPOConfig)} - {
         f.name for f in dataclasses.fields(trl.GRPOConfig)
     }
-    assert ours == set(fields.GMPO_FIELDS)
+    assert ours == {name for name, option in fields.OPTIONS.items() if option.added}
+
+
+def test_gmpo_options_come_from_the_option_table():
+    """GMPOConfig declares exactly the options of ``fields.OPTIONS``, with their defaults and
+    help; GMPOConfig redeclares the GRPOConfig fields of the table that are not ``added``."""
+    declared = {f.name: f for f in dataclasses.fields(GMPOConfig)}
+    grpo = {f.name: f for f in dataclasses.fields(trl.GRPOConfig)}
+    for name, option in fields.OPTIONS.items():
+        assert (declared[name].default, declared[name].metadata["help"]) == (
+            option.default,
+            option.help,
+        ), name
+        assert (name not in grpo) == option.added, name
+        if not option.added:  # a GRPOConfig field with GMPO's own default or help
+            assert (grpo[name].default, grpo[name].metadata.get("help")) != (
+                option.default,
+                option.help,
+            ), name
+    redeclared = {n for n in grpo if declared[n] is not grpo[n]}  # inherited: the same Field
+    assert redeclared == {n for n, o in fields.OPTIONS.items() if not o.added}
 
 
 def test_every_rejected_field_is_refused(tmp_path):

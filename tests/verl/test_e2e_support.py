@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.verl import _e2e, _versions
+from examples.verl.cpu import e2e as _e2e
+from tests.verl import _versions
 
 SCRIPT = _e2e.REPO / "examples" / "verl" / "smoke_test_cpu.sh"
 
@@ -41,7 +42,7 @@ def test_step_metrics_parses_the_console_lines() -> None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tests.verl._e2e", *args], capture_output=True, text=True,
+        [sys.executable, "-m", "examples.verl.cpu.e2e", *args], capture_output=True, text=True,
         timeout=120, cwd=_e2e.REPO,
         env=os.environ | {"PYTHONPATH": str(_e2e.REPO)},
     )  # fmt: skip
@@ -92,7 +93,7 @@ def test_cpu_support_names_the_verl_internal_that_moved() -> None:
     if (reason := _versions.no_cpu_platform()) is not None:
         pytest.skip(reason)
     code = (
-        "from tests.verl._cpu_support import VerlMovedError, _require\n"
+        "from examples.verl.cpu.cpu_support import VerlMovedError, _require\n"
         "try:\n    _require('verl.utils.distributed', 'no_such_function')\n"
         "except VerlMovedError as e:\n    print(e)\n"
         "try:\n    _require('verl.no_such_module', 'x')\n"

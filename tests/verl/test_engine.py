@@ -1,6 +1,6 @@
 """Engine-level tests on CPU through verl's real training stack (FSDP2 + gloo, a CPU platform).
 
-``_engine_worker.py`` runs verl's FSDP2 engine with its real actor loss (``ppo_loss``, which looks
+``engine_worker.py`` runs verl's FSDP2 engine with its real actor loss (``ppo_loss``, which looks
 the policy loss up by ``loss_mode``) on a tiny Qwen2 model, under ``torchrun`` with 1 and 2
 processes (gloo), and reports the gradient norm of the same global batch of 8 sequences (one of
 them fully masked, with rollout-correction weights, one of them 0) split into 1, 2 and 4
@@ -24,7 +24,8 @@ import pytest
 pytest.importorskip("verl")
 pytest.importorskip("transformers")
 
-from tests.verl import _e2e, _versions
+from examples.verl.cpu import e2e as _e2e
+from tests.verl import _versions
 
 if (_missing := _versions.no_cpu_platform()) is not None:
     pytest.skip(_missing, allow_module_level=True)

@@ -232,6 +232,18 @@ def test_sum_modes_are_refused_naming_the_mode_to_use(actor_config, mode: str) -
         _call(config, slice(None), batch, batch["log_prob"])
 
 
+def test_an_unknown_mode_is_named_as_unknown(actor_config) -> None:
+    """Defect (issue 19, 8): an unknown loss_agg_mode was refused as if it were "a token sum"."""
+    from gmpo_verl.loss import check_loss_agg_mode
+
+    with pytest.raises(ValueError, match="seq-mean-token-sum") as info:
+        check_loss_agg_mode("seq-mean")
+    assert "is not one of verl's modes" in str(info.value)
+    assert "token sum" not in str(info.value)
+    with pytest.raises(ValueError, match="a token sum would rescale"):
+        check_loss_agg_mode("token-sum")
+
+
 def test_token_mean_notice_once(actor_config, caplog: pytest.LogCaptureFixture) -> None:
     from gmpo_verl import loss as loss_module
 
@@ -308,7 +320,10 @@ def test_plain_gmpo_ignores_clip_ratio_c(actor_config) -> None:
     assert "actor/pg_clipfrac_dual" not in m_plain and m_dual["actor/pg_clipfrac_dual"] == 1.0
 
 
-@pytest.mark.parametrize(("value", "match"), [(1.0, "dual_clip"), (None, "clip_ratio_c")])
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [(1.0, r"clip_ratio_c must be a finite number > 1 .*got 1.0"), (None, "clip_ratio_c")],
+)
 def test_dual_clip_needs_clip_ratio_c_above_one(actor_config, value: Any, match: str) -> None:
     batch = _batch()
     config = actor_config(info=_info(batch), clip_ratio_c=value)
@@ -388,3 +403,43 @@ def test_property_invariant_to_any_split(batch: Batch, data: st.DataObject, mode
     scale = max(1.0, whole.abs().item(), grad.abs().max().item())
     torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-5 * scale)
     torch.testing.assert_close(grad_split, grad, rtol=1e-5, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize(
+    ("value", "impl"), [(None, "plain"), ("", "plain"), ("compiled", "compiled")]
+)
+def test_impl_from_the_environment(monkeypatch, value: str | None, impl: str) -> None:
+    """GMPO_VERL_IMPL chooses gmpo_core's path by its names (gmpo_core.options); empty is unset."""
+    from gmpo_verl import loss
+
+    if value is None:
+        monkeypatch.delenv(loss.IMPL_ENV, raising=False)
+    else:
+        monkeypatch.setenv(loss.IMPL_ENV, value)
+    assert loss._impl() == impl
+    monkeypatch.setenv(loss.IMPL_ENV, "fast")
+    with pytest.raises(ValueError, match=r"GMPO_VERL_IMPL must be 'plain' \(the default\) or"):
+        loss._impl()
+
+
+# Regression, defect 11 of those found by trying the 0.1 default path as a new user would
+# (CHANGELOG, 0.2): gmpo_verl, token-mean: a batch_num_tokens below the micro-batch's own token count
+# is refused.
+def test_verl_token_mean_refuses_too_few_global_tokens() -> None:
+    from types import SimpleNamespace
+
+    b, t = 9, 11  # 99 response tokens
+    cfg = SimpleNamespace(
+        clip_ratio=0.4, clip_ratio_low=0.4, clip_ratio_high=0.4, clip_ratio_c=3.0,
+        global_batch_info={"dp_size": 1, "global_batch_size": b, "batch_num_tokens": 1},
+    )  # fmt: skip
+    logp = torch.zeros(b, t, requires_grad=True)
+    args = {
+        "old_log_prob": torch.zeros(b, t), "log_prob": logp, "advantages": torch.ones(b, t),
+        "response_mask": torch.ones(b, t), "loss_agg_mode": "token-mean", "config": cfg,
+    }  # fmt: skip
+    with pytest.raises(ValueError, match=r"batch_num_tokens.*1.*99"):
+        gmpo_verl.compute_policy_loss_gmpo(**args)
+    cfg.global_batch_info["batch_num_tokens"] = 99
+    loss, _ = gmpo_verl.compute_policy_loss_gmpo(**args)
+    assert torch.isfinite(loss)

@@ -9,7 +9,7 @@ verl's default v1 trainer with ``loss_mode=gmpo`` and on the legacy trainer
 points off shows that the entry point is what registered the loss.
 
 What CPU needs (a platform, plain gloo, a small ``hf`` rollout server) is test support
-(``_cpu_support.py``, ``_hf_rollout.py``), loaded in every process through
+(``cpu_support.py``, ``hf_rollout.py``), loaded in every process through
 ``VERL_USE_EXTERNAL_MODULES``; it has no trl workaround: trl and verl share this environment, and
 ``gmpo_verl.plugin`` itself makes verl work beside trl. The runs take about a minute each.
 """
@@ -26,7 +26,8 @@ import pytest
 pytest.importorskip("verl")
 pytest.importorskip("ray")
 
-from tests.verl import _e2e, _versions
+from examples.verl.cpu import e2e as _e2e
+from tests.verl import _versions
 
 if (_missing := _versions.no_cpu_platform() or _versions.no_v1_trainer()) is not None:
     pytest.skip(_missing, allow_module_level=True)

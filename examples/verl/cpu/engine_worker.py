@@ -1,15 +1,15 @@
 """One actor update through verl's real training stack on CPU; run by ``torchrun`` from
-``test_engine.py`` (1 or 2 processes, gloo). Not a test module itself.
+``tests/verl/test_engine.py`` and ``scripts/verl_cpu.py`` (1 or 2 processes, gloo).
 
 verl's FSDP2 engine (``FSDPEngineWithLMHead``) with its real actor loss (``ppo_loss`` ->
 ``get_policy_loss_fn``), a tiny Qwen2 model built from a config (no hub), a CPU platform
-registered through ``PlatformRegistry`` (``_cpu_support.py``) and ``VERL_ENGINE_DEVICE=cuda``
+registered through ``PlatformRegistry`` (``cpu_support.py``) and ``VERL_ENGINE_DEVICE=cuda``
 (the engine registry only has accelerator keys). verl beside trl needs nothing here: the
 ``gmpo_verl.plugin`` entry point applies ``gmpo_verl._trl_compat``. For each loss mode and micro-batch size it reports the gradient norm of
 one update of the same global batch (learning rate 0, so the model does not change), then takes
 one real step (``--lr``) and reports every row's mean log-prob before and after.
 
-Usage: torchrun --nproc_per_node N _engine_worker.py MODEL_DIR OUT_JSON --loss-modes gmpo ...
+Usage: torchrun --nproc_per_node N engine_worker.py MODEL_DIR OUT_JSON --loss-modes gmpo ...
 (a loss mode may name its aggregation: ``gmpo@token-mean``)
 """
 
@@ -30,8 +30,8 @@ import torch
 
 torch.set_num_threads(1)
 
-# verl's "cpu" platform (``_cpu_support.py``, beside this script)
-from _cpu_support import CPUPlatform  # noqa: E402, F401
+# verl's "cpu" platform (``cpu_support.py``, beside this script)
+from cpu_support import CPUPlatform  # noqa: E402, F401
 from tensordict import TensorDict  # noqa: E402
 from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.workers.config import (  # noqa: E402

@@ -1,8 +1,9 @@
-"""Test support: verl 0.9.1 on a CPU-only machine. Not part of the shipped package.
+"""verl 0.9.1 on a CPU-only machine (the smoke test, the tests and scripts/verl_cpu.py). Not
+part of the shipped package.
 
 Import it before verl resolves its platform, in every process: ``torchrun`` scripts import it
 first thing; ``python -m verl.trainer.main_ppo`` gets it through
-``VERL_USE_EXTERNAL_MODULES=tests.verl._cpu_support`` (verl imports those modules on
+``VERL_USE_EXTERNAL_MODULES=examples.verl.cpu.cpu_support`` (verl imports those modules on
 ``import verl``, in the driver and in every Ray worker, which inherit the environment), with
 ``VERL_PLATFORM=cpu`` and ``VERL_ENGINE_DEVICE=cuda``. It
 
@@ -11,7 +12,7 @@ first thing; ``python -m verl.trainer.main_ppo`` gets it through
   verl's resource check counts only GPUs and NPUs;
 - makes ``initialize_global_process_group_ray`` ask for plain ``gloo`` (verl builds
   ``"cpu:gloo,<device>:<backend>"``, a duplicate device type on CPU);
-- registers the ``hf`` rollout (:mod:`tests.verl._hf_rollout`) in verl's two rollout registries.
+- registers the ``hf`` rollout (:mod:`examples.verl.cpu.hf_rollout`) in verl's two rollout registries.
 
 Every patch checks that the verl internal it touches is still there and raises
 :class:`VerlMovedError` naming it otherwise.
@@ -166,7 +167,7 @@ if getattr(_original_init, "__name__", "") != "_initialize_gloo":  # imported tw
 # ---------------------------------------------------------------------------------------------
 # the hf rollout in verl's two registries
 # ---------------------------------------------------------------------------------------------
-_HF_MODULE = f"{__name__.rpartition('.')[0]}._hf_rollout".lstrip(".")
+_HF_MODULE = f"{__name__.rpartition('.')[0]}.hf_rollout".lstrip(".")
 
 
 def _load_hf_replica() -> Any:

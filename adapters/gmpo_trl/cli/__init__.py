@@ -1,0 +1,64 @@
+"""The ``gmpo`` command: ``gmpo train`` and ``gmpo compare``.
+
+    gmpo train                                  # tiny model + toy task on CPU, about a minute
+    gmpo train --model path/to/model --max_steps 20 --output_dir runs/mine
+    gmpo train --model Qwen/Qwen2.5-Math-1.5B --dataset path/or/hub-id \\
+               --reward mypkg.rewards:accuracy --use_vllm true --output_dir runs/qwen
+    gmpo train --config run.yaml --max_steps 50  # YAML values, overridden by the command line
+    gmpo compare --seeds 5                      # GRPO vs GMPO on 5 seeds each, same task
+
+``gmpo train --help`` lists the options most runs set; ``--help-all`` lists every
+``GMPOConfig`` (TRL ``GRPOConfig``) field, each of which is an option. Without a GPU the run is
+on the CPU (no flag needed). Under the output directory: ``metrics.jsonl`` (one JSON object per
+logged step), ``metrics.png`` (reward, token log-ratio range, clip fractions and entropy per
+step), ``summary.json``/``summary.md``; ``compare`` writes ``grpo/seed<k>/``, ``gmpo/seed<k>/``,
+``compare.png`` and ``summary.md``. A bad argument gets one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+from gmpo_trl.cli.options import COMMANDS, USAGE, CLIError
+
+# The package: ``options`` (what each command accepts, the defaults of a run; no TRL import),
+# ``help`` (``--help`` from those tables), ``parsing`` (argv and --config to a ``Parsed``, once),
+# ``checks`` (model, dataset, rewards, counts, output directory: before any work), ``runs`` (the
+# trainer of one run and its outputs), ``callbacks``, ``reports`` and ``plots`` (pure functions of
+# the logged rows), and one module per command, ``train`` and ``compare``, each with its
+# ``main(parsed)``.
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``gmpo`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE + "\n\n" + (__doc__ or "").strip())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(
+            f"gmpo: error: unknown command {command!r} (choose from train, compare)",
+            file=sys.stderr,
+        )
+        return 2
+    if "--help-all" in rest:
+        from gmpo_trl.cli.parsing import full_help
+
+        print(full_help(command), end="")
+        return 0
+    if "-h" in rest or "--help" in rest:
+        from gmpo_trl.cli.help import short_help
+
+        print(short_help(command))
+        return 0
+    from gmpo_trl.cli.parsing import parse
+
+    try:
+        importlib.import_module(f"gmpo_trl.cli.{command}").main(parse(command, rest))
+    except CLIError as err:
+        print(f"gmpo {command}: error: {err}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,155 @@
+"""What the user named, checked before any work is done: the model, the dataset and the reward
+functions (:func:`check_inputs`), and the config values that TRL takes as given until deep in
+the run or after it (:func:`check_counts`, :func:`check_config`): each failure is one line
+(:class:`~gmpo_trl.cli.options.CLIError`)."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gmpo_trl.cli.options import CLIError
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+
+
+def _is_path_like(spec: str) -> bool:
+    """A spec that can only be a local path (not ``name`` or ``owner/name``)."""
+    return (
+        spec.startswith(("/", ".", "~"))
+        or os.sep in spec.replace("/", "", 1)
+        or (_HUB_ID.fullmatch(spec) is None)
+    )
+
+
+def check_model(spec: str) -> None:
+    """A local model directory must exist and hold config.json; anything else is a hub id."""
+    accepted = (
+        "give a local model directory (with config.json, as save_pretrained writes it) or a "
+        "hub id such as Qwen/Qwen2.5-Math-1.5B"
+    )
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not (path.is_dir() and (path / "config.json").is_file()):
+            raise CLIError(f"--model {spec!r}: not a model directory (no config.json); {accepted}")
+    elif _is_path_like(spec):
+        raise CLIError(f"--model {spec!r}: no such directory; {accepted}")
+
+
+_DATA_KINDS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+_DATA_ACCEPTED = (
+    "give a hub id, a local directory, or a .json/.jsonl/.csv/.parquet file with a 'prompt' column"
+)
+
+
+def check_dataset(spec: str) -> None:
+    path = Path(spec).expanduser()
+    if path.is_file():
+        if path.suffix not in _DATA_KINDS:
+            raise CLIError(f"--dataset {spec!r}: not a .json/.jsonl/.csv/.parquet file; "
+                           f"{_DATA_ACCEPTED}")  # fmt: skip
+    elif not path.is_dir() and (_is_path_like(spec) or path.suffix in _DATA_KINDS):
+        raise CLIError(f"--dataset {spec!r}: no such file or directory; {_DATA_ACCEPTED}")
+
+
+def resolve_reward(spec: str) -> Callable[..., Any]:
+    """``module:function`` to the function; the current directory is searched too (a console
+    script's sys.path does not hold it)."""
+    accepted = "give module:function, the module in the current directory or on PYTHONPATH"
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise CLIError(f"--reward {spec!r}: not module:function; {accepted}")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name is not None and module_name.startswith(err.name):
+            raise CLIError(f"--reward {spec!r}: no module {err.name!r} found; {accepted}") from err
+        raise CLIError(f"--reward {spec!r}: importing {module_name!r} failed: {err}") from err
+    except Exception as err:  # the user's module raised while importing
+        line = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CLIError(f"--reward {spec!r}: importing {module_name!r} failed: {line}") from err
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise CLIError(f"--reward {spec!r}: module {module_name} has no function {attr!r}; "
+                       f"{accepted}")  # fmt: skip
+    return fn  # type: ignore[no-any-return]
+
+
+def load_dataset(spec: str, split: str) -> Any:
+    import datasets
+
+    check_dataset(spec)
+    path = Path(spec).expanduser()
+    try:
+        if path.is_file():
+            data = datasets.load_dataset(
+                _DATA_KINDS[path.suffix], data_files=str(path), split=split
+            )
+        else:
+            data = datasets.load_dataset(str(path) if path.is_dir() else spec, split=split)
+    except Exception as err:  # datasets raises many types; the user needs the one line
+        raise CLIError(f"--dataset {spec!r}: {str(err).splitlines()[0]}") from err
+    if "prompt" not in data.column_names:
+        raise CLIError(f"--dataset {spec!r}: no 'prompt' column (columns: {data.column_names})")
+    return data
+
+
+def check_inputs(script: Any) -> None:
+    """What the user named (model, dataset, rewards) before any work is done."""
+    if script.model is not None:
+        check_model(script.model)
+    if script.dataset is not None:
+        check_dataset(script.dataset)
+    for spec in script.reward:
+        resolve_reward(spec)
+
+
+#: TrainingArguments / GRPOConfig counts that TRL takes as given (0 ends in a ZeroDivisionError
+#: or a sampler's ValueError, deep in the run); None: the option's own rule decides.
+COUNT_OPTIONS = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "num_generations",
+    "num_iterations",
+    "steps_per_generation",
+)
+
+
+def check_counts(values: dict[str, Any]) -> None:
+    """The counts of :data:`COUNT_OPTIONS` are integers >= 1 (or None)."""
+    for name in COUNT_OPTIONS:
+        value = values.get(name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise CLIError(f"--{name} must be an integer >= 1, got {value!r}")
+
+
+def check_config(config: Any) -> None:
+    """What TRL checks only once the run is under way (or never): the learning rate, and an
+    output directory that cannot be one."""
+    lr = config.learning_rate
+    if not (isinstance(lr, int | float) and math.isfinite(lr) and lr >= 0):
+        raise CLIError(f"--learning_rate must be a finite number >= 0, got {lr!r}")
+    check_output_dir(config.output_dir)
+
+
+def check_output_dir(spec: str) -> None:
+    """The output directory, or its nearest existing parent, is a directory (it is made later)."""
+    path = Path(spec).expanduser()
+    for existing in (path, *path.parents):
+        if existing.exists():
+            if not existing.is_dir():
+                raise CLIError(
+                    f"--output_dir {spec!r}: {str(existing)!r} is a file, not a directory"
+                )
+            return

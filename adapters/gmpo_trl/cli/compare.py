@@ -1,0 +1,102 @@
+"""``gmpo compare``: GRPO (TRL, ratio clip 1 ± grpo_epsilon) and GMPO on the same task and seeds,
+with a plot and a table of the token log-ratio range and the reward.
+
+Both configs come from one parse (:class:`~gmpo_trl.cli.parsing.Parsed`): GMPO's is
+``GMPOConfig`` of the user's values; GRPO's is ``GRPOConfig`` of the same values (its own fields
+only, so GMPO-only options such as ``gmpo_impl`` do not reach it, and its defaults are
+GRPOConfig's) with GRPO's loss and clip forced.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gmpo_trl.cli.checks import check_inputs
+from gmpo_trl.cli.options import CLIError
+from gmpo_trl.cli.parsing import Parsed
+from gmpo_trl.cli.plots import log_clip_range, plot_compare
+from gmpo_trl.cli.reports import FINAL_STEPS, compare_table
+from gmpo_trl.cli.runs import quiet, run
+from gmpo_trl.cli.train import ScriptArguments
+
+
+@dataclass
+class CompareArguments(ScriptArguments):
+    """``gmpo compare``'s own options."""
+
+    grpo_epsilon: float = field(
+        default=0.2, metadata={"help": "GRPO's clip epsilon (ratio space: 1 ± epsilon)."}
+    )
+    seeds: int = field(
+        default=1,
+        metadata={"help": "Train each method on this many seeds (seed, seed + 1, ...)."},
+    )
+
+
+def configs(parsed: Parsed) -> tuple[Any, Any]:
+    """``(GRPOConfig, GMPOConfig)`` of a parsed ``gmpo compare`` command line."""
+    from trl import GRPOConfig
+
+    from gmpo_trl import GMPOConfig
+
+    gmpo = parsed.config(GMPOConfig)
+    if parsed.script.seeds < 1:
+        raise CLIError(f"--seeds must be at least 1, got {parsed.script.seeds}")
+    check_inputs(parsed.script)
+    grpo = parsed.config(
+        GRPOConfig, loss_type="grpo", epsilon=parsed.script.grpo_epsilon, epsilon_high=None
+    )
+    return grpo, gmpo
+
+
+def main(parsed: Parsed) -> Path:
+    """``gmpo compare``: GRPO, then GMPO, on each seed; returns the output directory."""
+    from gmpo_trl import GMPOTrainer
+    from gmpo_trl.compare import RangeLoggingGRPOTrainer
+
+    script = parsed.script
+    grpo_config, gmpo_config = configs(parsed)
+    base = Path(gmpo_config.output_dir)
+    quiet()
+    first_seed = gmpo_config.seed
+    runs: dict[str, list[list[dict[str, Any]]]] = {"GRPO": [], "GMPO": []}
+    summaries: dict[str, list[dict[str, Any]]] = {"GRPO": [], "GMPO": []}
+    bounds = {"GRPO": log_clip_range(grpo_config), "GMPO": log_clip_range(gmpo_config)}
+    for k in range(script.seeds):
+        seed = first_seed + k
+        for name, config, cls in (
+            ("GRPO", grpo_config, RangeLoggingGRPOTrainer),
+            ("GMPO", gmpo_config, GMPOTrainer),
+        ):
+            config.seed = seed
+            config.output_dir = str(base / name.lower() / f"seed{seed}")
+            done = run(script, config, cls, f"gmpo compare ({name}, seed {seed})")
+            runs[name].append(done.rows)
+            summaries[name].append(done.summary)
+    plot_compare(runs, base / "compare.png", bounds)
+    table, agg = compare_table(summaries)
+    settings = (
+        f"GRPO: loss_type='grpo', ratio clip [1 - {grpo_config.epsilon}, 1 + "
+        f"{grpo_config.epsilon}]; GMPO: log-space clip [-{gmpo_config.epsilon}, "
+        f"{gmpo_config.epsilon_high or gmpo_config.epsilon}]; "
+        f"num_iterations={gmpo_config.num_iterations}, "
+        f"steps_per_generation={gmpo_config.steps_per_generation}, "
+        f"max_steps={gmpo_config.max_steps}, seeds {first_seed}..{first_seed + script.seeds - 1}"
+    )
+    note = (
+        f"First rewards / final reward: mean of the first / last {FINAL_STEPS} logged rewards of a "
+        "run (a reward is logged per generation, every num_iterations x steps_per_generation "
+        "optimizer steps); log-ratio "
+        "min/max: the extremes of r = logp - old_logp over the run's off-policy steps; mean "
+        "step width: the mean over those steps of (max - min); mean ± sample std over seeds."
+    )
+    (base / "summary.md").write_text(f"{settings}\n\n{table}\n\n{note}\n")
+    (base / "summary.json").write_text(
+        json.dumps({"settings": settings, "aggregate": agg, "runs": summaries}, indent=1) + "\n"
+    )
+    print(f"\n{settings}\n\n{table}\n\n{note}\n")
+    print(f"gmpo compare: plot in {base / 'compare.png'}, table in {base / 'summary.md'}")
+    return base

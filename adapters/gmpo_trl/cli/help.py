@@ -1,0 +1,94 @@
+"""``gmpo <command> --help``: gmpo's options and the TRL options most runs set, from tables that
+need no TRL import (``gmpo_trl.fields.OPTIONS`` and :data:`~gmpo_trl.cli.options.COMMON_TRL_OPTIONS`),
+so it prints in well under a second. ``--help-all`` is TRL's parser (:mod:`gmpo_trl.cli.parsing`)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import textwrap
+from typing import Any
+
+from gmpo_trl.cli.options import COMMAND_DEFAULTS, COMMON_TRL_OPTIONS, toy_settings
+from gmpo_trl.cli.parsing import script_arguments
+from gmpo_trl.fields import OPTIONS
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float) and value != 0 and abs(value) < 1e-3:
+        return f"{value:g}"
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def short_help(command: str) -> str:
+    """``gmpo <command> --help``: gmpo's options and the TRL options most runs set."""
+    toy = toy_settings(command)
+    parser = argparse.ArgumentParser(
+        prog=f"gmpo {command}",
+        usage=f"gmpo {command} [--help-all] [--config FILE.yaml] [--model PATH_OR_HUB_ID] "
+        "[--OPTION VALUE ...]",
+        add_help=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=textwrap.fill(
+            "Train with GMPO (TRL's GRPOTrainer, gmpo_core's loss)."
+            if command == "train"
+            else "Train GRPO (TRL, ratio clip 1 ± grpo_epsilon) and GMPO on the same task and "
+            "seeds; plot and summarize the token log-ratio range and the reward."
+        )
+        + " Defaults are those of a run with --model; [toy: X] is the value used instead "
+        "when no --model is given (the built-in toy run).",
+    )
+
+    def add(group: Any, name: str, metavar: str, default: Any, text: str) -> None:
+        parts = [text.rstrip(".") + "."]
+        if default is not None:
+            parts.append(f"Default: {_fmt(default)}.")
+        if name in toy and toy[name] != default:
+            parts.append(f"[toy: {_fmt(toy[name])}]")
+        group.add_argument(f"--{name}", metavar=metavar, help=" ".join(parts))
+
+    script_cls = script_arguments(command)
+    base_names = {f.name for f in dataclasses.fields(script_arguments("train"))}
+    script = parser.add_argument_group("what to train on")
+    for f in dataclasses.fields(script_cls):
+        if f.name in base_names:
+            add(script, f.name, f.name.upper(), None, f.metadata["help"])
+    script.add_argument("--config", metavar="FILE.yaml", help="Option values from a YAML file; "
+                        "the command line wins.")  # fmt: skip
+    own = [f for f in dataclasses.fields(script_cls) if f.name not in base_names]
+    if own:
+        group = parser.add_argument_group(command)
+        for f in own:
+            add(group, f.name, "X", f.default, f.metadata["help"])
+    gmpo = parser.add_argument_group("GMPO (gmpo_trl.GMPOConfig)")
+    for name, option in OPTIONS.items():
+        if not option.fixed:
+            add(gmpo, name, "X", option.default, option.help)
+    trl = parser.add_argument_group("training (TRL GRPOConfig, the options most runs set)")
+    for name, (metavar, default, text) in COMMON_TRL_OPTIONS.items():
+        if name == "output_dir":
+            default = f"gmpo_{command}_output"
+        default = COMMAND_DEFAULTS.get(command, {}).get(name, default)
+        add(trl, name, metavar, default, text)
+    help_group = parser.add_argument_group("help")
+    help_group.add_argument("-h", "--help", action="store_true", help="This message.")
+    help_group.add_argument(
+        "--help-all",
+        action="store_true",
+        help="Every GMPOConfig / GRPOConfig option (imports TRL: several seconds).",
+    )
+    toy_text = ", ".join(f"{k}={_fmt(v)}" for k, v in toy.items())
+    parser.epilog = "\n\n".join(
+        textwrap.fill(t)
+        for t in (
+            "Every GMPOConfig field is an option (--help-all). Without a GPU the run is on the "
+            "CPU (use_cpu=true, bf16=false) unless you set them.",
+            "Without --model, the built-in toy run: a 2-layer Qwen2-style model with random "
+            "weights and a character tokenizer on the successor task (prompt 'd=', reward 1 "
+            f"when the completion starts with (d + 1) % 10), with {toy_text}. None of these "
+            "applies when --model is given.",
+        )
+    )
+    return parser.format_help()

@@ -1,0 +1,144 @@
+"""The command line, parsed once: ``--config``'s YAML, then argv, by TRL's parser for the
+command's arguments and ``GMPOConfig`` (a superset of ``GRPOConfig``'s fields).
+
+What the user set (the YAML and the command line) is kept apart from the run's defaults
+(:func:`gmpo_trl.cli.options.run_defaults`), so that each config a command needs is built from
+the same values: :meth:`Parsed.config`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from gmpo_trl.cli.checks import check_config, check_counts
+from gmpo_trl.cli.options import CLIError, run_defaults
+
+_UNSET = object()  # the default of every option while parsing: what is not _UNSET, the user set
+
+
+def script_arguments(command: str) -> type:
+    """The command's own arguments (what to train on, and the like): a dataclass."""
+    if command == "compare":
+        from gmpo_trl.cli.compare import CompareArguments
+
+        return CompareArguments
+    from gmpo_trl.cli.train import ScriptArguments
+
+    return ScriptArguments
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """A parsed command line: the command, its own arguments (``script``), the config values the
+    user set (``values``: the YAML file's, then the command line's) and the run's ``defaults``."""
+
+    command: str
+    script: Any
+    values: dict[str, Any]
+    defaults: dict[str, Any]
+
+    def config(self, cls: type, **forced: Any) -> Any:
+        """A ``cls`` (``GMPOConfig``, ``GRPOConfig``) from the defaults, the user's values and
+        ``forced`` (highest precedence), each restricted to ``cls``'s own fields."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        merged = {**self.defaults, **self.values, **forced}
+        kwargs = {k: v for k, v in merged.items() if k in names}
+        check_counts(kwargs)  # before GRPOConfig divides by them
+        try:
+            config = cls(**kwargs)
+        except (ValueError, TypeError) as err:
+            raise CLIError(str(err).splitlines()[0]) from err
+        check_config(config)
+        return config
+
+
+def _parser(command: str) -> Any:
+    """A TrlParser whose errors are CLIError (one line) instead of usage + exit."""
+    from trl import TrlParser
+
+    from gmpo_trl import GMPOConfig
+
+    class Parser(TrlParser):  # type: ignore[misc]
+        def error(self, message: str) -> NoReturn:
+            raise CLIError(message)
+
+    return Parser((script_arguments(command), GMPOConfig), prog=f"gmpo {command}")
+
+
+def full_help(command: str) -> str:
+    """``--help-all``: every option, from TRL's parser (imports TRL: seconds)."""
+    return str(_parser(command).format_help())
+
+
+def _yaml_problem(err: Exception) -> str:
+    """A YAML error in one line: the problem and where (YAML's own message spans four)."""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    mark = getattr(err, "problem_mark", None)
+    return (
+        problem if mark is None else f"{problem} (line {mark.line + 1}, column {mark.column + 1})"
+    )
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """``--config``'s option values (a YAML mapping); its ``env`` mapping is put in the
+    environment, as TRL's parser does."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError as err:
+        raise CLIError(f"--config: no such file {err.filename!r}") from err
+    except OSError as err:  # a directory, an unreadable file...
+        raise CLIError(f"--config {path!r}: {err.strerror}") from err
+    except yaml.YAMLError as err:
+        raise CLIError(f"--config {path!r}: not valid YAML: {_yaml_problem(err)}") from err
+    if not isinstance(data, dict):
+        raise CLIError(f"Config file {path} must contain a YAML mapping.")
+    env = data.pop("env", {})
+    if not isinstance(env, dict):
+        raise CLIError("`env` field should be a dict in the YAML file.")
+    os.environ.update({str(k): str(v) for k, v in env.items()})
+    return data
+
+
+def _pop_config(argv: list[str]) -> str | None:
+    """Remove ``--config FILE`` (or ``--config=FILE``) from argv; return FILE."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config="):
+            return argv.pop(i).split("=", 1)[1]
+        if arg == "--config":
+            if i + 1 == len(argv):
+                raise CLIError("argument --config: expected one argument")
+            del argv[i]
+            return argv.pop(i)
+    return None
+
+
+def parse(command: str, argv: list[str]) -> Parsed:
+    """The command line of ``gmpo <command>``, parsed once (``--config``'s values below it)."""
+    argv = list(argv)
+    path = _pop_config(argv)
+    from_file = read_config_file(path) if path is not None else {}
+    parser = _parser(command)
+    for action in parser._actions:
+        if action.default is not argparse.SUPPRESS:
+            action.default, action.required = _UNSET, False
+    file_rest = parser.set_defaults_with_config(**from_file)  # unknown keys as ["--key", "value"]
+    namespace, rest = parser.parse_known_args(argv)
+    if file_rest or rest:
+        raise CLIError(f"unrecognized arguments: {' '.join([*file_rest, *rest])}")
+    values = {k: v for k, v in vars(namespace).items() if v is not _UNSET}
+    script_cls = script_arguments(command)
+    own = {f.name for f in dataclasses.fields(script_cls)}
+    try:
+        script = script_cls(**{k: v for k, v in values.items() if k in own})
+    except (ValueError, TypeError) as err:
+        raise CLIError(str(err).splitlines()[0]) from err
+    config_values = {k: v for k, v in values.items() if k not in own}
+    defaults = run_defaults(command, model=script.model, output_dir=values.get("output_dir"))
+    return Parsed(command, script, config_values, defaults)

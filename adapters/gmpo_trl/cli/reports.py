@@ -1,0 +1,125 @@
+"""What a run is summarized by, as pure functions of its logged rows (``metrics.jsonl``): the
+token log-ratio range of the off-policy steps, the reward at the start and the end, the clip
+fractions; one run's summary and ``gmpo compare``'s table over methods and seeds."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+
+def has_range(row: dict[str, Any]) -> bool:
+    """Whether a logged row's token log-ratio range means something: an on-policy step
+    (the first pass over a fresh generation) has r = logp - old_logp = 0 on every token."""
+    lo, hi = row.get("log_ratio/min"), row.get("log_ratio/max")
+    if not (isinstance(lo, int | float) and isinstance(hi, int | float)):
+        return False
+    return math.isfinite(lo) and math.isfinite(hi) and (lo != 0.0 or hi != 0.0)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The per-step records of a metrics.jsonl (the final summary record excluded)."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if "reward" in r or "log_ratio/min" in r]
+
+
+def series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    if key.startswith("log_ratio/"):
+        rows = [r for r in rows if has_range(r)]
+    pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), int | float)]
+    pts = [(s, v) for s, v in pts if math.isfinite(v)]
+    return [s for s, _ in pts], [v for _, v in pts]
+
+
+FINAL_STEPS = 10  # "final reward": the mean of the last ten logged rewards
+
+
+def run_summary(rows: list[dict[str, Any]], global_step: int) -> dict[str, Any]:
+    """The numbers a run is summarized by (``summary.json``)."""
+    _, reward = series(rows, "reward")
+    ranged = [r for r in rows if has_range(r)]
+    k = max(1, min(FINAL_STEPS, len(reward) // 2))
+    out: dict[str, Any] = {
+        "optimizer_steps": global_step,
+        "logged_rows": len(rows),
+        "off_policy_rows": len(ranged),
+    }
+    if reward:
+        out.update(reward_first=statistics.fmean(reward[:k]),
+                   reward_final=statistics.fmean(reward[-k:]), reward_window=k)  # fmt: skip
+    if ranged:
+        lo = [r["log_ratio/min"] for r in ranged]
+        hi = [r["log_ratio/max"] for r in ranged]
+        out.update(
+            log_ratio_min=min(lo),
+            log_ratio_max=max(hi),
+            log_ratio_width_mean=statistics.fmean(h - m for m, h in zip(lo, hi, strict=True)),
+        )
+    for key in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"):
+        _, v = series(rows, key)
+        if v:
+            out[key.replace("/", "_") + "_max"] = max(v)
+    return out
+
+
+def summary_line(what: str, s: dict[str, Any]) -> str:
+    parts = [f"{what}: {s['optimizer_steps']} optimizer steps ({s['logged_rows']} logged)"]
+    if "reward_first" in s:
+        parts.append(f"reward {s['reward_first']:.2f} -> {s['reward_final']:.2f} "
+                     f"(mean of first/last {s['reward_window']} logged)")  # fmt: skip
+    if "log_ratio_min" in s:
+        parts.append(f"token log-ratio range [{s['log_ratio_min']:.2f}, {s['log_ratio_max']:.2f}]"
+                     f" over {s['off_policy_rows']} off-policy logged steps")  # fmt: skip
+    return "; ".join(parts)
+
+
+def summary_markdown(s: dict[str, Any], line: str) -> str:
+    """``summary.md``: the summary line, then the summary as a table."""
+    rows = [
+        f"| {k} | {v:.6g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in s.items()
+    ]
+    table = "\n".join(["| quantity | value |", "|---|---:|", *rows])
+    return f"{line}\n\n{table}\n"
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+COMPARE_COLUMNS = (
+    ("reward_first", "first rewards"),
+    ("reward_final", "final reward"),
+    ("log_ratio_min", "log-ratio min"),
+    ("log_ratio_max", "log-ratio max"),
+    ("log_ratio_width_mean", "mean step width"),
+    ("clip_ratio_region_mean_max", "max clipped fraction"),
+)
+
+
+def compare_table(per_seed: dict[str, list[dict[str, Any]]]) -> tuple[str, dict[str, Any]]:
+    """Markdown: per method, mean ± std over seeds of each summary number; then every seed."""
+    agg: dict[str, Any] = {}
+    head = "| method | seeds | " + " | ".join(t for _, t in COMPARE_COLUMNS) + " |"
+    lines = [head, "|---|---:|" + "---:|" * len(COMPARE_COLUMNS)]
+    for name, summaries in per_seed.items():
+        agg[name] = {}
+        cells = []
+        for key, _ in COMPARE_COLUMNS:
+            vals = [s[key] for s in summaries if key in s]
+            if len(vals) == len(summaries) and vals:
+                m, sd = mean_std(vals)
+                agg[name][key] = {"mean": m, "std": sd, "values": vals}
+                cells.append(f"{m:.2f} ± {sd:.2f}")
+            else:
+                cells.append("—")
+        lines.append(f"| {name} | {len(summaries)} | " + " | ".join(cells) + " |")
+    lines += ["", "| method | seed | " + " | ".join(t for _, t in COMPARE_COLUMNS) + " |",
+              "|---|---:|" + "---:|" * len(COMPARE_COLUMNS)]  # fmt: skip
+    for name, summaries in per_seed.items():
+        for s in summaries:
+            cells = [f"{s[k]:.2f}" if k in s else "—" for k, _ in COMPARE_COLUMNS]
+            lines.append(f"| {name} | {s['seed']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines), agg
