@@ -101,7 +101,7 @@ check-numbers:
 PY310 ?= python3.10
 COMPAT_DIR ?= .compat
 COMPAT_CORE_TESTS := tests/test_compat.py tests/test_hand_cases.py tests/test_compile.py \
-	tests/test_validation.py tests/test_reference.py tests/test_properties.py
+	tests/test_validation.py tests/test_reference.py tests/test_properties.py tests/test_transforms.py
 COMPAT_TRL_TESTS := tests/trl/test_compat.py tests/trl/test_config.py \
 	tests/trl/test_lm_head_default.py tests/trl/test_loss_step.py tests/trl/test_training.py
 COMPAT_VERL_TESTS := tests/verl/test_compat.py tests/verl/test_registration.py \
