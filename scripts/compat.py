@@ -67,6 +67,21 @@ def _junit(path: Path) -> dict[str, object]:
     return {**counts, "failed_tests": failed, "skip_reasons": reasons}
 
 
+def _remove_later(path: Path) -> None:
+    """Move ``path`` aside and delete it in a detached ``rm -rf`` (deleting GBs of small files
+    took minutes, which the next environment's install need not wait for)."""
+    if not path.exists():
+        return
+    trash = path.with_name(f".{path.name}.removing.{os.getpid()}.{time.monotonic_ns()}")
+    path.rename(trash)
+    subprocess.Popen(
+        ["rm", "-rf", str(trash)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
 def build_and_test(args: argparse.Namespace) -> int:
     out_dir = Path(args.dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -88,7 +103,7 @@ def build_and_test(args: argparse.Namespace) -> int:
     if python is None:
         record["status"] = f"no interpreter: {args.python} not found"
     else:
-        shutil.rmtree(venv, ignore_errors=True)
+        _remove_later(venv)
         py = str(venv / "bin" / "python")
         pip = [py, "-m", "pip", "install", "-q", "--progress-bar", "off"]
         ok = (
@@ -117,12 +132,10 @@ def build_and_test(args: argparse.Namespace) -> int:
             record["status"] = {0: "passed", 124: f"timed out ({args.timeout} s)"}.get(rc, "failed")
             if args.blocking and rc == 0 and record["failed"]:
                 record["status"] = "failed"
-        record["disk_mb"] = round(
-            sum(f.stat().st_size for f in venv.rglob("*") if f.is_file() and not f.is_symlink())
-            / 2**20
-        )
+        du = subprocess.run(["du", "-sm", str(venv)], capture_output=True, text=True)
+        record["disk_mb"] = int(du.stdout.split()[0]) if du.returncode == 0 else None
         if not args.keep:  # throwaway: several GB each (CUDA builds of torch)
-            shutil.rmtree(venv, ignore_errors=True)
+            _remove_later(venv)
     record["total_s"] = round(time.monotonic() - start, 1)
     (out_dir / f"{args.name}.json").write_text(json.dumps(record, indent=1) + "\n")
     print(f"compat {args.name}: {record['status']} ({record['total_s']} s; log: {log})")
