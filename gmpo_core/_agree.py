@@ -53,13 +53,18 @@ def agree(validate: Callable[[], tuple[Hyper, Batch]], call: Call) -> tuple[Hype
         done = validate()
     except ValueError as e:
         error = e
-    mine = header(call, done, error)
-    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size(call.group))]
-    dist.all_gather(parts, mine, group=call.group)
-    message = verdict([p.cpu() for p in parts])
-    if message is not None or done is None:
-        raise ValueError(message) from error
-    return done
+    try:
+        mine = header(call, done, error)
+        parts = [torch.empty_like(mine) for _ in range(dist.get_world_size(call.group))]
+        dist.all_gather(parts, mine, group=call.group)
+        message = verdict([p.cpu() for p in parts])
+        if message is not None or done is None:
+            raise ValueError(message) from error
+        return done
+    finally:
+        # ``error``'s traceback holds this frame: without this, the cycle would keep the
+        # group alive until a garbage collection, past destroy_process_group
+        error = None
 
 
 def header(call: Call, done: tuple[Hyper, Batch] | None, error: ValueError | None) -> Tensor:

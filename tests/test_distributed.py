@@ -261,6 +261,7 @@ def _agreement_worker(rank: int, port: int, outdir: str) -> None:
             results[name] = _agreement_call(rank, change, group)
         results["after"] = _agreement_call(rank, {}, group)  # the group still works
         torch.save(results, Path(outdir) / f"rank{rank}.pt")
+        dist.barrier()  # no rank tears the group down while the other still uses it
     finally:
         dist.destroy_process_group()
 
