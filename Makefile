@@ -84,14 +84,18 @@ figures-bench: setup
 ## docs/study.md's numbers and figure: the stability study, GRPO against GMPO (6 methods x 4
 ## learning rates x without/with gradient clipping x 5 seeds, 240 runs of a tiny transformer
 ## reversing 16 digits; about 35 minutes of two idle cores). results/study/ (summary.md,
-## summary.json, curves.jsonl) and docs/img/study_stability.png; the runs in runs/figures-study
-## (a rerun reuses every finished run: delete the directory to start afresh).
+## summary.json, curves.jsonl), results/study/variants/ (every method at 2e-3 and 1e-3, from the
+## same runs) and docs/img/study_stability.png; the runs in runs/figures-study (a rerun reuses
+## every finished run: delete the directory to start afresh).
 figures-study: setup
 	$(BIN)/python benchmarks/stability.py --curves-lr 2e-3 --out runs/figures-study
 	mkdir -p results/study
 	cp runs/figures-study/summary.md runs/figures-study/summary.json results/study/
 	cp runs/figures-study/curves.jsonl results/study/
 	cp runs/figures-study/stability.png docs/img/study_stability.png
+	$(BIN)/python benchmarks/stability.py --lr 2e-3,1e-3 --curves-lr 2e-3 --out runs/figures-study
+	mkdir -p results/study/variants
+	cp runs/figures-study/summary.md runs/figures-study/summary.json results/study/variants/
 
 ## the README's first-run cost: a fresh clone, `make train` (which runs `make setup`), timed;
 ## results/first_run.md. COLD=1 gives pip an empty download cache (downloads everything).

@@ -109,7 +109,7 @@ PAGES: dict[str, Page] = {
         },
     ),
     "docs/study.md": Page(
-        results=("results/study/summary.md",),
+        results=("results/study/summary.md", "results/study/variants/summary.md"),
         exempt={
             "16": "the task: digits per prompt, vocabulary size, prompts a step, updates a step",
             "64": "the model's width; demonstrations per warm-start step",
