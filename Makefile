@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench first-run check-numbers compat compat-check-python
+.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study first-run check-numbers compat compat-check-python
 
 setup: $(STAMP)
 
@@ -40,13 +40,14 @@ docs-serve: setup
 bench: setup
 	$(BIN)/python benchmarks/bench_loss.py
 
-## every measured number and figure that README.md, docs/trl.md, docs/lm_head.md, docs/verl.md
-## and docs/benchmarks.md quote:
+## every measured number and figure that README.md, docs/trl.md, docs/lm_head.md, docs/verl.md,
+## docs/benchmarks.md and docs/study.md quote:
 ## results/ (gmpo train, gmpo compare --seeds 5, the first-run cost), benchmarks/results/ (the
-## LM-head benchmarks) and docs/img/; about 70 minutes on two cores. Each step is a target of
-## its own; add a page's commands as a new figures-* target and list it here.
+## LM-head benchmarks), results/study/ (the stability study) and docs/img/; about 105 minutes on
+## two cores. Each step is a target of its own; add a page's commands as a new figures-* target
+## and list it here.
 ## `make check-numbers` (and tests/test_doc_numbers.py) checks the pages against the results.
-figures: figures-trl figures-lm-head figures-verl figures-bench first-run
+figures: figures-trl figures-lm-head figures-verl figures-bench figures-study first-run
 
 SEEDS ?= 5
 figures-trl: setup
@@ -79,6 +80,22 @@ figures-verl: setup
 figures-bench: setup
 	$(BIN)/python benchmarks/bench_loss.py
 	$(BIN)/python benchmarks/bench_packed.py
+
+## docs/study.md's numbers and figure: the stability study, GRPO against GMPO (6 methods x 4
+## learning rates x without/with gradient clipping x 5 seeds, 240 runs of a tiny transformer
+## reversing 16 digits; about 35 minutes of two idle cores). results/study/ (summary.md,
+## summary.json, curves.jsonl), results/study/variants/ (every method at 2e-3 and 1e-3, from the
+## same runs) and docs/img/study_stability.png; the runs in runs/figures-study (a rerun reuses
+## every finished run: delete the directory to start afresh).
+figures-study: setup
+	$(BIN)/python benchmarks/stability.py --curves-lr 2e-3 --out runs/figures-study
+	mkdir -p results/study
+	cp runs/figures-study/summary.md runs/figures-study/summary.json results/study/
+	cp runs/figures-study/curves.jsonl results/study/
+	cp runs/figures-study/stability.png docs/img/study_stability.png
+	$(BIN)/python benchmarks/stability.py --lr 2e-3,1e-3 --curves-lr 2e-3 --out runs/figures-study
+	mkdir -p results/study/variants
+	cp runs/figures-study/summary.md runs/figures-study/summary.json results/study/variants/
 
 ## the README's first-run cost: a fresh clone, `make train` (which runs `make setup`), timed;
 ## results/first_run.md. COLD=1 gives pip an empty download cache (downloads everything).

@@ -1,0 +1,136 @@
+"""The reverse-digits task (:mod:`gmpo_trl.reverse`) for TRL's trainers: the pieces that
+``gmpo compare --task reverse`` / ``gmpo train --task reverse`` put together.
+
+- :func:`reverse_model`: the toy's character tokenizer and a tiny Qwen2-style model sized for
+  the task (:mod:`gmpo_trl.toy`'s builders), built in-process;
+- :func:`warm_start`: the supervised warm start on the task's noisy demonstrations, applied to
+  that (or any causal LM with a character tokenizer), seeded; :func:`sampled_reward` measures it;
+  :func:`warm_model` is both, ``(model, tokenizer)`` for a seed;
+- :func:`reverse_dataset`: a ``datasets.Dataset`` of prompts;
+- :func:`reverse_args`: ``GMPOConfig`` / ``GRPOConfig`` keyword arguments of the stability
+  study's setting (benchmarks/stability.py): 16 prompts x 8 completions a generation and 16
+  optimizer steps on each (``steps_per_generation=8`` slices of 16 completions,
+  ``num_iterations=2`` passes), temperature 1, constant learning rate 2e-3, no gradient
+  clipping.
+
+The reward function is :func:`gmpo_trl.reverse.reward` (exact match) or
+:func:`gmpo_trl.reverse.partial_reward`: ``task.reward_function()``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gmpo_trl import toy
+from gmpo_trl.reverse import ReverseTask
+
+
+def reverse_model(task: ReverseTask, *, seed: int = 0, hidden_size: int = 64) -> tuple[Any, Any]:
+    """(tokenizer, model): the toy's character tokenizer and a 2-layer Qwen2-style model with
+    room for a prompt of ``L + 1`` and a completion of ``L`` tokens."""
+    tokenizer = toy.char_tokenizer()
+    model = toy.tiny_model(
+        tokenizer, seed=seed, hidden_size=hidden_size, layers=2, max_len=2 * task.length + 8
+    )
+    return tokenizer, model
+
+
+def _ids(tokenizer: Any, texts: list[str]) -> Any:
+    return tokenizer(texts, return_tensors="pt", add_special_tokens=False)["input_ids"]
+
+
+def warm_start(
+    model: Any,
+    tokenizer: Any,
+    task: ReverseTask,
+    *,
+    steps: int = 400,
+    batch: int = 64,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> list[float]:
+    """Supervised training of ``model`` in place on fresh noisy demonstrations (the loss on the
+    completion tokens only), ``steps`` Adam steps of ``batch`` demonstrations; the losses."""
+    import torch
+
+    torch.manual_seed(seed)
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    for step in range(steps):
+        demos = task.demonstrations(batch, seed=f"{seed}:{step}")
+        ids = _ids(tokenizer, [p + c for p, c in demos])  # (batch, 2L + 1): no padding
+        labels = ids.clone()
+        labels[:, : task.length + 1] = -100  # the prompt and '=' are not learned
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def sampled_reward(model: Any, tokenizer: Any, task: ReverseTask, *, n: int = 256,
+                   seed: int = 0) -> float:  # fmt: skip
+    """Mean reward of ``n`` completions sampled at temperature 1 on held-out prompts."""
+    import torch
+
+    prompts = task.prompts(n, seed=f"eval:{seed}")
+    torch.manual_seed(seed)
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(
+            _ids(tokenizer, prompts),
+            attention_mask=None,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=task.length,
+            min_new_tokens=task.length,
+        )
+    completions = tokenizer.batch_decode(out[:, task.length + 1 :], skip_special_tokens=True)
+    return sum(task.reward(prompts, completions)) / n
+
+
+def warm_model(task: ReverseTask, seed: int, *, steps: int = 400) -> tuple[Any, Any]:
+    """(model, tokenizer): :func:`reverse_model` after :func:`warm_start`, both seeded by
+    ``seed``; the order of a CLI ``Task``'s ``model(seed)``."""
+    tokenizer, model = reverse_model(task, seed=seed)
+    warm_start(model, tokenizer, task, steps=steps, seed=seed)
+    return model, tokenizer
+
+
+def reverse_dataset(task: ReverseTask, n: int = 2048, *, seed: int = 0) -> Any:
+    """``n`` prompts of the task as a ``datasets.Dataset`` with a ``prompt`` column."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": task.prompts(n, seed=f"train:{seed}")})
+
+
+def reverse_args(
+    output_dir: str, task: ReverseTask, *, rollouts: int = 100, **overrides: Any
+) -> dict[str, Any]:
+    """``GMPOConfig`` / ``GRPOConfig`` keyword arguments of the study's setting: ``rollouts``
+    generations of 16 prompts x 8 completions, 16 optimizer steps (of 16 completions) on each,
+    learning rate 2e-3 (where the study's methods separate most: docs/study.md), no gradient
+    clipping (``max_grad_norm=0``). Give GRPOConfig ``loss_type="grpo"`` for the study's
+    ``grpo``."""
+    steps_per_generation, num_iterations = 8, 2
+    args = toy.toy_args(
+        output_dir,
+        per_device_train_batch_size=16,
+        steps_per_generation=steps_per_generation,
+        num_iterations=num_iterations,
+        num_generations=8,
+        max_completion_length=task.length,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        learning_rate=2e-3,
+        max_grad_norm=0.0,
+        max_steps=rollouts * steps_per_generation * num_iterations,
+        logging_steps=steps_per_generation * num_iterations,
+    )
+    args.update(overrides)
+    return args

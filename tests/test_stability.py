@@ -1,0 +1,161 @@
+"""benchmarks/stability.py: the collapse rule, the sign test, the methods, determinism, and the
+schema of a ``--quick`` run's summary.json."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gmpo_core import reference
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # the study's modules sit beside the script
+
+from _study_methods import METHODS  # noqa: E402
+from _study_report import collapse, paired, pooled, sign_test_p  # noqa: E402
+from _study_run import Setup, group_advantages, rl_run, warm_start  # noqa: E402
+
+RECORD_KEYS = {
+    "method": str, "lr": float, "seed": int, "grad_clip": (float, type(None)),
+    "final_reward": float, "peak_reward": float, "collapsed": bool, "max_grad_norm": float,
+    "log_ratio_min": float, "log_ratio_max": float, "entropy_end": float, "cpu_s": float,
+}  # fmt: skip
+
+
+def test_collapse_rule_on_a_made_up_curve() -> None:
+    # 20 steps at 0.2, 30 at 0.9, 50 at 0.5: the best 20-step mean is 0.9 (inside the plateau),
+    # the final 20-step mean 0.5; 0.9 - 0.5 = 0.4 >= 0.3: collapsed
+    curve = [0.2] * 20 + [0.9] * 30 + [0.5] * 50
+    c = collapse(curve)
+    assert (c.final, c.peak, c.collapsed) == (pytest.approx(0.5), pytest.approx(0.9), True)
+    # ending at 0.65 is 0.25 below the peak: not collapsed
+    assert not collapse([0.2] * 20 + [0.9] * 30 + [0.65] * 50).collapsed
+    # exactly 0.3 below counts (at least 0.3)
+    assert collapse([0.8] * 20 + [0.5] * 20).collapsed
+    # a peak shorter than the window is averaged with its neighbours: 10 steps at 1.0 amid 0.4
+    # give a best window of (10 * 1.0 + 10 * 0.4) / 20 = 0.7, 0.3 above the final 0.4
+    spike = [0.4] * 30 + [1.0] * 10 + [0.4] * 30
+    assert collapse(spike).peak == pytest.approx(0.7) and collapse(spike).collapsed
+    # a rising run never collapses; a short curve is its own window
+    assert not collapse([i / 100 for i in range(100)]).collapsed
+    assert collapse([0.9, 0.1], window=20).final == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        collapse([])
+
+
+def test_sign_test_against_a_value_worked_out_by_hand() -> None:
+    # 7 wins, 1 loss: P(X >= 7), X ~ Bin(8, 1/2) = (C(8,7) + C(8,8)) / 2^8 = (8 + 1) / 256
+    assert sign_test_p(7, 1) == pytest.approx(9 / 256)
+    # 5 wins, 0 losses: 1 / 32; no pairs: p = 1
+    assert sign_test_p(5, 0) == pytest.approx(1 / 32)
+    assert sign_test_p(0, 0) == 1.0
+
+
+def test_pairs_are_matched_on_seed_and_cell_and_ties_dropped() -> None:
+    def rec(method: str, lr: float, clip: float | None, seed: int, final: float) -> dict:
+        return {"method": method, "lr": lr, "grad_clip": clip, "seed": seed,
+                "final_reward": final}  # fmt: skip
+
+    records = [
+        rec("gmpo", 1e-3, None, 0, 0.9), rec("grpo", 1e-3, None, 0, 0.1),  # win
+        rec("gmpo", 1e-3, None, 1, 0.2), rec("grpo", 1e-3, None, 1, 0.3),  # loss
+        rec("gmpo", 1e-3, 1.0, 0, 0.0), rec("grpo", 1e-3, 1.0, 0, 0.0),  # tie
+        rec("gmpo", 1e-3, 1.0, 1, 0.5), rec("grpo", 1e-3, 1.0, 2, 0.1),  # no pair: other seeds
+        rec("gmpo_noclip", 1e-3, None, 0, 0.0),
+    ]  # fmt: skip
+    per_cell = paired(records, "gmpo", "grpo")
+    assert per_cell == {(1e-3, None): (1, 1, 0), (1e-3, 1.0): (0, 0, 1)}
+    assert pooled(per_cell) == (1, 1, 1) and pooled(per_cell).p == pytest.approx(0.75)
+
+
+# each study method against the independent float64 reference of the same variant
+REFERENCE = {
+    "grpo": dict(variant="grpo_arithmetic", epsilon=0.2),
+    "grpo_wide": dict(variant="grpo_arithmetic", epsilon=-math.expm1(-0.4),
+                      epsilon_high=math.expm1(0.4)),
+    "gmpo": dict(variant="token_clip", epsilon=0.4),
+    "gmpo_narrow": dict(variant="token_clip", epsilon=0.2),
+    "gmpo_noclip": dict(variant="no_clip"),
+    "gmpo_seqclip": dict(variant="sequence_clip", epsilon=0.4),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_methods_match_the_reference(method: str) -> None:
+    assert set(REFERENCE) == set(METHODS)
+    g = torch.Generator().manual_seed(0)
+    b, t = 12, 7
+    logp = -torch.rand(b, t, generator=g, dtype=torch.float64) * 3
+    old = logp + 0.6 * torch.randn(b, t, generator=g, dtype=torch.float64)  # the clip acts
+    adv = torch.randn(b, generator=g, dtype=torch.float64)
+    adv[0] = 0.0
+    mask = torch.arange(t)[None, :] < torch.randint(0, t + 1, (b,), generator=g)[:, None]
+    loss, clipped = METHODS[method].loss(logp, old, adv, mask)
+    want = reference.variant_loss(logp.numpy(), old.numpy(), adv.numpy(), mask.numpy(),
+                                  **REFERENCE[method])  # fmt: skip
+    assert float(loss) == pytest.approx(float(want), rel=1e-10, abs=1e-12)
+    assert 0.0 <= float(clipped) <= 1.0
+    if method != "gmpo_noclip":
+        assert float(clipped) > 0  # with this drift some token is clipped
+
+
+def test_group_advantages() -> None:
+    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]), 4)
+    # group 1: mean 0.25, unbiased std 0.5 -> (0.75 / 0.5001, -0.25 / 0.5001); group 2 all 0
+    assert adv[:4].tolist() == pytest.approx([0.75 / 0.5001] + [-0.25 / 0.5001] * 3)
+    assert adv[4:].tolist() == [0.0] * 4
+
+
+TINY = Setup(length=2, warm_steps=40, warm_batch=32, prompts=2, group=4, minibatches=2, steps=3)
+
+
+def test_warm_start_and_runs_are_deterministic() -> None:
+    torch.set_num_threads(1)
+    a, b = warm_start(TINY, 0), warm_start(TINY, 0)
+    assert all(torch.equal(a["state"][k], b["state"][k]) for k in a["state"])
+    assert a["reward"] == b["reward"]
+    other = warm_start(TINY, 1)
+    assert not torch.equal(a["state"]["tok.weight"], other["state"]["tok.weight"])
+    run = rl_run(TINY, a, "gmpo", 5e-3, 1.0, 0)
+    assert run == rl_run(TINY, a, "gmpo", 5e-3, 1.0, 0)
+    assert len(run["reward"]) == 3 and all(np.isfinite(v) for v in run["grad_norm"])
+    # some group has mixed rewards, so the policy moves off the sampling policy, and another
+    # method moves it differently from the same start
+    assert 0 < max(run["reward"]) and max(run["log_ratio_max"]) > 1e-3
+    assert run["log_ratio_max"] != rl_run(TINY, a, "grpo", 5e-3, 1.0, 0)["log_ratio_max"]
+
+
+def test_quick_run_writes_the_summary_schema(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'adapters'}"}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "stability.py"), "--quick", "--out",
+           str(tmp_path)]  # fmt: skip
+    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=300)
+    records = json.loads((tmp_path / "summary.json").read_text())
+    assert {(r["method"], r["seed"]) for r in records} == {
+        (m, s) for m in ("grpo", "gmpo") for s in (0, 1)
+    }
+    for r in records:
+        for key, kind in RECORD_KEYS.items():
+            assert isinstance(r[key], kind), (key, r[key])
+        assert r["log_ratio_min"] <= 0 <= r["log_ratio_max"] and r["cpu_s"] > 0
+        assert r["peak_reward"] >= r["final_reward"]
+        assert r["collapsed"] == (r["peak_reward"] - r["final_reward"] >= 0.3 - 1e-12)
+    md = (tmp_path / "summary.md").read_text()
+    for heading in ("## Collapsed runs", "## Sign tests", "one-sided p", "## Cost"):
+        assert heading in md
+    assert (tmp_path / "stability.png").stat().st_size > 10_000
+    assert len((tmp_path / "curves.jsonl").read_text().splitlines()) == 4
+    # a subset reruns from the cache: the same numbers, nothing recomputed
+    sub = subprocess.run([*cmd, "--methods", "gmpo", "--seeds", "1"], check=True, env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    again = json.loads((tmp_path / "summary.json").read_text())
+    assert again == [r for r in records if (r["method"], r["seed"]) == ("gmpo", 1)]
+    assert "0 s CPU computed" in sub.stdout
