@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers
+.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python
 
 setup: $(STAMP)
 
@@ -44,7 +44,7 @@ bench: setup
 ## docs/benchmarks.md and docs/study.md quote:
 ## results/ (gmpo train, gmpo compare --seeds 5, the first-run cost), benchmarks/results/ (the
 ## LM-head benchmarks), results/study/ (the stability study, also through TRL's trainer) and
-## docs/img/; about 120 minutes on two cores. Each step is a target of its own; add a page's
+## docs/img/; about 130 minutes on two cores. Each step is a target of its own; add a page's
 ## commands as a new figures-* target and list it here.
 ## `make check-numbers` (and tests/test_doc_numbers.py) checks the pages against the results.
 figures: figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run
@@ -84,14 +84,18 @@ figures-bench: setup
 ## docs/study.md's numbers and figure: the stability study, GRPO against GMPO (6 methods x 4
 ## learning rates x without/with gradient clipping x 5 seeds, 240 runs of a tiny transformer
 ## reversing 16 digits; about 35 minutes of two idle cores). results/study/ (summary.md,
-## summary.json, curves.jsonl) and docs/img/study_stability.png; the runs in runs/figures-study
-## (a rerun reuses every finished run: delete the directory to start afresh).
+## summary.json, curves.jsonl), results/study/variants/ (every method at 2e-3 and 1e-3, from the
+## same runs) and docs/img/study_stability.png; the runs in runs/figures-study (a rerun reuses
+## every finished run: delete the directory to start afresh).
 figures-study: setup
 	$(BIN)/python benchmarks/stability.py --curves-lr 2e-3 --out runs/figures-study
 	mkdir -p results/study
 	cp runs/figures-study/summary.md runs/figures-study/summary.json results/study/
 	cp runs/figures-study/curves.jsonl results/study/
 	cp runs/figures-study/stability.png docs/img/study_stability.png
+	$(BIN)/python benchmarks/stability.py --lr 2e-3,1e-3 --curves-lr 2e-3 --out runs/figures-study
+	mkdir -p results/study/variants
+	cp runs/figures-study/summary.md runs/figures-study/summary.json results/study/variants/
 
 ## docs/study.md's "Through TRL's trainer": the study's task and cell (learning rate 2e-3, no
 ## gradient clipping) through TRL's GRPOTrainer and gmpo's GMPOTrainer on $(SEEDS) seeds, one
@@ -129,3 +133,43 @@ first-run:
 
 check-numbers:
 	$(PY) scripts/doc_numbers.py
+
+## the compatibility job (README.md, "Install and supported versions"): the ends of the declared
+## version ranges, each in a throwaway environment under $(COMPAT_DIR) (rebuilt on every run:
+## one `pip install` without constraints.txt; removed afterwards unless COMPAT_KEEP=1, as each
+## holds GBs of CUDA libraries), each running the test paths named here;
+## results/compat.md. The minimum environments are blocking (the target fails when one does
+## not pass); the newest (what pip resolves without constraints) is report-only. Python 3.10
+## is needed for the torch 2.4 environment: PY310=/path/to/python3.10 where it is not on PATH
+## (pyenv: ~/.pyenv/versions/3.10.*/bin/python3.10). Downloads packages only. verl 0.8 requires
+## numpy < 2, and pyarrow >= 24 (which datasets >= 5.2 asks for) fails to import without numpy 2
+## without saying so in its metadata: the verl 0.8 environment asks for pyarrow < 24.
+PY310 ?= python3.10
+COMPAT_DIR ?= .compat
+COMPAT_CORE_TESTS := tests/test_compat.py tests/test_hand_cases.py tests/test_compile.py \
+	tests/test_validation.py tests/test_reference.py tests/test_properties.py tests/test_transforms.py
+COMPAT_TRL_TESTS := tests/trl/test_compat.py tests/trl/test_config.py \
+	tests/trl/test_lm_head_default.py tests/trl/test_loss_step.py tests/trl/test_training.py
+COMPAT_VERL_TESTS := tests/verl/test_compat.py tests/verl/test_registration.py \
+	tests/verl/test_loss.py tests/verl/test_trl_compat.py tests/verl/test_differential_geo_mean.py \
+	tests/verl/test_e2e_support.py tests/verl/test_examples.py
+COMPAT_KEEP ?=
+COMPAT = $(PY) scripts/compat.py env --dir $(COMPAT_DIR) $(if $(COMPAT_KEEP),--keep)
+
+compat-check-python:
+	@$(PY310) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 10))' 2>/dev/null || { \
+		echo "make compat: no Python 3.10 runs as PY310=$(PY310): set PY310=/path/to/python3.10" \
+		"(pyenv: ~/.pyenv/versions/3.10.*/bin/python3.10)" >&2; exit 2; }
+
+compat: compat-check-python
+	$(COMPAT) min-torch --blocking --python $(PY310) --requirements "torch==2.4.0 numpy==1.24.4" \
+		--extras test --tests "$(COMPAT_CORE_TESTS)" \
+		--about "The core at its minimum: Python 3.10, torch 2.4.0 (a CUDA build from PyPI, run on the CPU), numpy 1.24."
+	$(COMPAT) min-hosts --blocking --requirements "torch==2.13.0 trl==1.10.0 verl==0.8.0 pyarrow<24" \
+		--extras test --tests "$(COMPAT_TRL_TESTS) $(COMPAT_VERL_TESTS)" \
+		--about "The adapters at their minimum: trl 1.10.0 and verl 0.8.0 in one environment (Python 3.11, torch 2.13.0 CPU); transformers as pip resolves for them."
+	$(COMPAT) newest --requirements peft --extras trl,test \
+		--tests "$(COMPAT_CORE_TESTS) $(COMPAT_TRL_TESTS)" \
+		--about "What a new user gets from pip install gmpo[trl] peft (Python 3.11; peft for the LoRA test): the newest releases pip resolves here (torch is capped at 2.14.1 on these machines)."
+	$(PY) scripts/compat.py report $(COMPAT_DIR)/min-torch.json $(COMPAT_DIR)/min-hosts.json \
+		$(COMPAT_DIR)/newest.json

@@ -94,8 +94,10 @@ def check_inputs(x: Inputs, cu_seqlens: object | None = None) -> Tensor:
         check_cu_seqlens(cu_seqlens, x.advantages.shape[0], x.logp.shape[0])
     else:
         check_log_ratio_inputs(x.logp, x.advantages, name="logp")
-    others = {"old_logp": x.old_logp, "advantages": x.advantages, "mask": x.mask}
-    others.update(ref_logp=x.ref_logp, is_weights=x.is_weights)
+    others = {  # one literal: torch 2.4's Dynamo traces neither dict.update nor |=
+        "old_logp": x.old_logp, "advantages": x.advantages, "mask": x.mask,
+        "ref_logp": x.ref_logp, "is_weights": x.is_weights,
+    }  # fmt: skip
     check_devices("logp", x.logp, {**others, "cu_seqlens": cu_seqlens})  # type: ignore[dict-item]
     if x.is_weights is not None:
         check_weights(x.is_weights, x.logp, x.advantages.shape[0], packed)

@@ -179,8 +179,10 @@ def sign_space(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The trust region (S1) in sign space, ``q = sign(A) r``, where every row's region is the
     upper bound ``q <= eps`` (eps_high where A >= 0, eps_low where A < 0), and under a dual clip
-    also ``q >= -log dual_clip`` where A < 0. A clamp with tensor bounds of one side runs at the
-    speed of a copy in ATen, and passes the gradient (1) on the bound.
+    also ``q >= -log dual_clip`` where A < 0. Each bound is a ``torch.where`` on a strict
+    comparison, which runs at the speed of a copy in ATen and passes the gradient 1 to a value
+    exactly on the bound on every torch (a ``clamp`` passes 1 there on torch 2.4 to 2.13;
+    torch 2.14.1 passes 0.5 with a tensor bound, 0 with a number bound).
 
     Returns ``(sign, q, clipped q)``. Shape: r (B, T) or (B,), adv (B,) -> sign (B,), q and
     clipped q of r's shape; or with ``seg``, r (N,) and adv (S,) -> sign (S,), q (N,).
@@ -190,9 +192,11 @@ def sign_space(
     sgn = torch.where(pos, one, -one)  # (B,)
     eps = torch.where(pos, one * h.eps_high, one * h.eps_low)  # (B,)
     q = r * along(sgn, r, seg)
-    cq = q.clamp(max=along(eps, r, seg))
+    cap = along(eps, r, seg)
+    cq = torch.where(q > cap, cap, q)
     if h.log_dual is not None:
-        cq = cq.clamp(min=along(torch.where(pos, -math.inf, one * -h.log_dual), r, seg))
+        floor = along(torch.where(pos, -math.inf, one * -h.log_dual), r, seg)
+        cq = torch.where(cq < floor, floor, cq)
     return sgn, q, cq
 
 
@@ -288,9 +292,7 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
         clip = clip_signs(r, q, cq, mf, seg)
     a, cut_rows, signed_rows, lo, hi = clip
     del r, q, cq  # no longer needed: the gradient's (B, T) temporaries can take their memory
-    stats = clip_stats(lo, hi, cut_rows, signed_rows, adv, n_exact)
-    if h.log_dual is None:
-        stats = stats._replace(num_clipped_dual=None)
+    stats = clip_stats(lo, hi, cut_rows, signed_rows, adv, n_exact, dual=h.log_dual is not None)
     rows_b = max(per_seq.shape[0], 1)
     loss = per_seq.sum() / rows_b  # mean over rows; 0 when B = 0 (S4)
     grad = None
@@ -350,12 +352,20 @@ def log_ratio_range(r: Tensor, mf: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def clip_stats(
-    lo: Tensor, hi: Tensor, cut_rows: Tensor, signed_rows: Tensor, adv: Tensor, n: Tensor
+    lo: Tensor,
+    hi: Tensor,
+    cut_rows: Tensor,
+    signed_rows: Tensor,
+    adv: Tensor,
+    n: Tensor,
+    dual: bool = True,
 ) -> ClipStats:
     """Counts and extrema over valid tokens (S10), from the range of the log-ratio over valid
     tokens (:func:`log_ratio_range`) and per row the number of tokens the trust region cut
     (``sum |s|``) and ``sum s``, with s = -1 where it cut at eps and +1 at the dual cap (see
-    :func:`sign_space`), and the row's valid tokens ``n``.
+    :func:`sign_space`), and the row's valid tokens ``n``. Without ``dual`` (no dual clip),
+    ``num_clipped_dual`` is None: built so, not replaced afterwards (torch 2.4's ``torch.compile``
+    cannot trace ``NamedTuple._replace``).
 
     Shape: lo, hi (); cut_rows, signed_rows, adv, n (B,).
     """
@@ -370,7 +380,7 @@ def clip_stats(
         num_tokens=total(n),
         num_clipped_low=total(low),
         num_clipped_high=total(high),
-        num_clipped_dual=total(at_cap),
+        num_clipped_dual=total(at_cap) if dual else None,
         log_ratio_min=unreached(lo, big),
         log_ratio_max=unreached(hi, big),
         row_clip_low_min=extreme(torch.where(nonempty, low / nf, math.inf), "min").to(lo.dtype),

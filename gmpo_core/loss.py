@@ -165,7 +165,11 @@ def _batch(x: _checks.Inputs, h: _math.Hyper, cu_seqlens: Tensor | None) -> _mat
 def _transformed(b: _math.Batch) -> bool:
     """Whether a ``torch.func`` transform (grad, vmap, jacrev, ...) wraps any input: such calls
     run the math under autograd, which every transform supports."""
-    unwrap = torch.func.debug_unwrap
+    unwrap = getattr(torch.func, "debug_unwrap", None)
+    if unwrap is None:  # torch 2.4 has no debug_unwrap: the test it makes first
+        return any(
+            torch._C._functorch.is_functorch_wrapped_tensor(t) for t in b if isinstance(t, Tensor)
+        )
     return any(unwrap(t, recurse=False) is not t for t in b if isinstance(t, Tensor))
 
 

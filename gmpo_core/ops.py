@@ -57,14 +57,16 @@ def clip_log_ratio(
     """Two-sided clip of log-ratios to ``[-epsilon, epsilon_high]``: ``clip(rho, e^-eps, e^eps_h)``.
 
     This is the ``clip(.)`` inside the paper's Eq. 4 written in log space. A value exactly on a
-    bound is not clipped (its gradient is 1, as with :func:`torch.clamp`).
+    bound is not clipped: its gradient is 1 on every torch (:func:`torch.clamp` gives it 0
+    with number bounds on torch 2.14.1; docs/semantics.md S1).
 
     Shape:
         log_ratio: any shape. Output: the same shape.
     """
     eps_low, eps_high, _ = check_hyperparameters(epsilon, epsilon_high)
     _checks.floating("log_ratio", log_ratio)
-    return log_ratio.clamp(min=-eps_low, max=eps_high)
+    low = torch.where(log_ratio < -eps_low, -eps_low, log_ratio)
+    return torch.where(low > eps_high, eps_high, low)
 
 
 def trust_region_log_ratio(
@@ -83,7 +85,8 @@ def trust_region_log_ratio(
         c = min(r, eps_h)                 where A >= 0
         c = max(r, -eps_l)                where A <  0   (and min(c, log dual_clip) if given)
 
-    A value exactly on a bound is not clipped. With ``dual_clip`` this equals GRPO's ``delta``
+    A value exactly on a bound is not clipped: its gradient is 1 on every torch (docs/semantics.md
+    S1). With ``dual_clip`` this equals GRPO's ``delta``
     (``clamp(ratio, max=delta)``) for negative advantages.
 
     Shape:
@@ -177,5 +180,4 @@ def clip_metrics(
     s = torch.sign(cq - q)  # -1 where cut at eps, +1 at the dual cap
     lo, hi = _math.log_ratio_range(r, mf)
     cut, signed, n = (_math.row_sum(x, seg, exact=True) for x in (s.abs(), s, mf))
-    stats = _math.clip_stats(lo, hi, cut, signed, adv, n)
-    return stats if h.log_dual is not None else stats._replace(num_clipped_dual=None)
+    return _math.clip_stats(lo, hi, cut, signed, adv, n, dual=h.log_dual is not None)

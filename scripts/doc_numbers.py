@@ -65,6 +65,28 @@ PAGES: dict[str, Page] = {
             "0.2": "hyper-parameter: GRPO's clip epsilon (1 ± 0.2)",
             "2507.20673": "the paper's arXiv id",
             "2026": "the paper's venue (ICLR 2026)",
+            "3.10": "the minimum Python (pyproject.toml's requires-python)",
+            "1.10": "the minimum TRL (pyproject.toml's trl>=1.10)",
+            "1.16": "the TRL release whose chunked LM head gmpo_lm_head replaces",
+        },
+    ),
+    "docs/install.md": Page(
+        results=("results/compat.md",),
+        exempt={
+            "3.10": "the minimum Python (pyproject.toml's requires-python)",
+            "2.4": "the minimum torch (pyproject.toml's torch>=2.4)",
+            "1.24": "the minimum numpy (pyproject.toml's numpy>=1.24)",
+            "1.10": "the minimum TRL (pyproject.toml's trl>=1.10)",
+            "0.8": "the minimum verl (pyproject.toml's verl>=0.8), and torch 2.4.0's wheel in GB",
+            "1.16": "a TRL release, where its behaviour changed",
+            "0.9": "a verl release series, where its behaviour changed",
+            "0.7": "a verl release series that is not supported",
+            "5.11": "verl 0.9.1's transformers cap (transformers<5.11)",
+            "2.13": "a torch release series (clamp's gradient at a tie is 1 up to it)",
+            "2.14": "the torch release series that changed clamp's gradient at a tie",
+            "0.5": "torch 2.14.1's clamp gradient at a tie (a property of torch; tests/test_compat.py checks that gmpo's is 1)",
+            "24": "a pyarrow release (pyarrow<24)",
+            "5.2": "a datasets release (datasets>=5.2 requires pyarrow>=24)",
         },
     ),
     "docs/trl.md": Page(
@@ -74,7 +96,7 @@ PAGES: dict[str, Page] = {
             "-0.22": "GRPO's clip range in log space, log(1 - 0.2), from its epsilon",
             "0.18": "GRPO's clip range in log space, log(1 + 0.2), from its epsilon",
             "1.16": "the tested TRL release",
-            "1.16.x": "the tested TRL release",
+            "1.10": "the minimum TRL (pyproject.toml's trl>=1.10)",
             "3.0": "TRL's default vllm_importance_sampling_cap",
             "16": "the reverse task: digits, prompts a generation, optimizer steps a generation",
             "100": "a setting: generations of a --task reverse run",
@@ -103,7 +125,6 @@ PAGES: dict[str, Page] = {
         results=("results/verl_cpu.md",),
         exempt={
             "0.9": "the tested verl release series (verl >= 0.9, the 0.9 engine)",
-            "0.9.x": "the tested verl release series",
             "0.2": "hyper-parameter: verl's default clip_ratio",
             "0.4": "hyper-parameter: GMPO's clip epsilon (the paper's)",
             "3.0": "verl's default clip_ratio_c",
@@ -115,8 +136,13 @@ PAGES: dict[str, Page] = {
         },
     ),
     "docs/study.md": Page(
-        # the sweep, and the same task through TRL's trainer (make figures-study-trl)
-        results=("results/study/summary.md", "results/study/trl_reverse*.md"),
+        # the sweep, the GMPO variants, and the same task through TRL's trainer
+        # (make figures-study-trl)
+        results=(
+            "results/study/summary.md",
+            "results/study/variants/summary.md",
+            "results/study/trl_reverse*.md",
+        ),
         exempt={
             "16": "the task: digits per prompt, vocabulary size, prompts a step, updates a step",
             "64": "the model's width; demonstrations per warm-start step",

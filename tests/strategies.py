@@ -15,7 +15,9 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-F32 = dict(width=32, allow_nan=False, allow_infinity=False)
+# No subnormals: on torch 2.4 the first compiled call makes the process flush them to zero
+# (docs/api.md), after which Hypothesis refuses to draw them; no test depends on them.
+F32 = dict(width=32, allow_nan=False, allow_infinity=False, allow_subnormal=False)
 
 advantage_values = st.one_of(st.sampled_from([0.0, 1.0, -1.0, 0.5, -2.0]), st.floats(-5, 5, **F32))
 # log-ratio offsets: mostly inside a typical clip range, sometimes far outside it

@@ -92,7 +92,10 @@ def test_backward_with_random_upstream_gradient(
     assume(well_conditioned(batch))
     b = batch.shape[0]
     g = np.array(
-        data.draw(st.lists(st.floats(-2, 2, width=32), min_size=b, max_size=b)), np.float32
+        data.draw(
+            st.lists(st.floats(-2, 2, width=32, allow_subnormal=False), min_size=b, max_size=b)
+        ),
+        np.float32,
     )
     args = to_torch(batch)
     out = gmpo_loss(**args, impl=impl)
@@ -319,8 +322,10 @@ def test_kl_is_non_negative_and_zero_at_the_reference(impl: str, batch: Batch, b
 
 
 @given(
-    arrays(np.float32, st.integers(1, 64), elements=st.floats(-20, 0, width=32)),
-    arrays(np.float32, 64, elements=st.floats(2**-20, 2**-9, width=32)),
+    arrays(
+        np.float32, st.integers(1, 64), elements=st.floats(-20, 0, width=32, allow_subnormal=False)
+    ),
+    arrays(np.float32, 64, elements=st.floats(2**-20, 2**-9, width=32, allow_subnormal=False)),
     st.sampled_from([1.0, -1.0]),
 )
 def test_kl_is_non_negative_for_tiny_differences(
@@ -341,7 +346,9 @@ def test_kl_is_non_negative_for_tiny_differences(
 def test_building_blocks_ignore_masked_positions(
     b: int, t: int, junk: float, data: st.DataObject
 ) -> None:
-    x = data.draw(arrays(np.float32, (b, t), elements=st.floats(-5, 5, width=32)))
+    x = data.draw(
+        arrays(np.float32, (b, t), elements=st.floats(-5, 5, width=32, allow_subnormal=False))
+    )
     mask = data.draw(arrays(np.bool_, (b, t)))
     dirty = np.where(mask, x, np.float32(junk)).astype(np.float32)
     clean = np.where(mask, x, np.float32(0)).astype(np.float32)
@@ -424,7 +431,7 @@ def test_packed_equals_padded(impl: str, batch: PackedBatch, data: st.DataObject
     padded = to_torch(batch.padded)
     packed = packed_to_torch(batch)
     s = len(batch.advantages)
-    g = [torch.tensor(data.draw(st.lists(st.floats(-2, 2, width=32), min_size=n, max_size=n)),
+    g = [torch.tensor(data.draw(st.lists(st.floats(-2, 2, width=32, allow_subnormal=False), min_size=n, max_size=n)),
                       dtype=torch.float32).reshape(shape)
          for n, shape in ((1, ()), (s, (s,)), (s, (s,)))]  # fmt: skip
     results = []

@@ -2,8 +2,8 @@
 
 ``from gmpo_trl import GMPOConfig, GMPOTrainer`` is a drop-in for ``trl.experimental.gmpo`` whose
 GMPO math is :func:`gmpo_core.gmpo_loss`, and which honours or refuses every GRPOConfig field
-(``gmpo_trl.fields.FIELDS``). Importing it warns once when the installed TRL is outside the
-tested range.
+(``gmpo_trl.fields.FIELDS``). Importing it warns once when the installed TRL is older than the
+supported range (trl >= 1.10, as pyproject.toml declares).
 
 ``GMPOConfig`` and ``GMPOTrainer`` are imported on first use (they import TRL's trainer stack,
 transformers and torch, several seconds): ``import gmpo_trl`` and the ``gmpo --help`` that
@@ -16,12 +16,22 @@ import warnings
 from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
-from gmpo_trl.fields import TESTED_TRL
+from gmpo_trl.fields import MIN_TRL, TESTED_TRL
+
+
+def supported_trl(installed: str) -> bool:
+    """Whether a TRL release is in the supported range (``major.minor >= MIN_TRL``)."""
+    try:
+        return tuple(int(part) for part in installed.split(".")[:2]) >= MIN_TRL
+    except ValueError:
+        return False
+
 
 _TRL = version("trl")  # read from the metadata: importing trl is left to what needs it
-if not _TRL.startswith(TESTED_TRL + "."):
+if not supported_trl(_TRL):
     warnings.warn(
-        f"gmpo_trl is tested with trl {TESTED_TRL}.x; trl {_TRL} is installed",
+        f"gmpo_trl supports trl >= {MIN_TRL[0]}.{MIN_TRL[1]} (tested with "
+        f"{' and '.join(TESTED_TRL)}); trl {_TRL} is installed",
         stacklevel=2,
     )
 

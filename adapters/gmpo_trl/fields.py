@@ -9,9 +9,11 @@ Each field is tagged
 - ``irrelevant``: it does not reach the loss step (generation, rewards, logging, saving, the
   optimizer, distribution...): GRPOTrainer handles it unchanged.
 
-``tests/trl/test_config.py`` fails when the installed TRL has a field this table does not know,
-and when the source of ``GRPOTrainer._compute_loss`` changes (``COMPUTE_LOSS_SHA256``), so that a
-TRL upgrade is reviewed, not silently absorbed. ``docs/trl.md`` renders the table.
+``tests/trl/test_config.py`` fails when the installed TRL's ``GRPOConfig`` declares a field this
+table does not know (a field it inherits unchanged from ``transformers.TrainingArguments`` never
+reaches the loss step and needs no entry), and when the source of ``GRPOTrainer._compute_loss`` is
+none of the reviewed ones (``KNOWN_COMPUTE_LOSS_SHA256``), so that a TRL upgrade is reviewed, not
+silently absorbed; ``GMPOTrainer`` warns on an unknown one. ``docs/trl.md`` renders the table.
 """
 
 from __future__ import annotations
@@ -21,10 +23,17 @@ from typing import Literal
 
 Tag = Literal["honoured", "rejected", "irrelevant"]
 
-#: sha256 of ``inspect.getsource(trl.GRPOTrainer._compute_loss)`` in the tested TRL (1.16.0)
-COMPUTE_LOSS_SHA256 = "80295546bbdbf6f711acce7f6e69b0100ab40aa8f23ed8052cc564ff024e3e40"
-#: the TRL releases the adapter is tested with (``major.minor``)
-TESTED_TRL = "1.16"
+#: the oldest TRL the adapter supports (``major.minor``; pyproject.toml's ``trl>=1.10``)
+MIN_TRL = (1, 10)
+#: the TRL releases the adapter is tested with (``make compat`` and the main test run)
+TESTED_TRL = ("1.10.0", "1.16.0")
+#: sha256 of ``inspect.getsource(trl.GRPOTrainer._compute_loss)`` in each reviewed TRL release
+KNOWN_COMPUTE_LOSS_SHA256 = {
+    "1.10.0": "75bd01badfb43ed6d59919da054060514338d6e07054508d3eb07dc988646cad",
+    "1.16.0": "80295546bbdbf6f711acce7f6e69b0100ab40aa8f23ed8052cc564ff024e3e40",
+}
+#: the newest reviewed release's (what the main test run checks)
+COMPUTE_LOSS_SHA256 = KNOWN_COMPUTE_LOSS_SHA256["1.16.0"]
 
 _H: Tag = "honoured"
 _R: Tag = "rejected"

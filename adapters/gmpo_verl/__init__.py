@@ -1,7 +1,9 @@
 """gmpo_verl: ``loss_mode=gmpo`` for verl's PPO actor.
 
-Installing the package registers the losses in every process through verl's ``verl.plugins``
-entry points (:mod:`gmpo_verl.plugin`); :func:`register` does the same explicitly. Importing
+On verl >= 0.9, installing the package registers the losses in every process through verl's
+``verl.plugins`` entry points (:mod:`gmpo_verl.plugin`). verl 0.8 does not load those: there
+``VERL_USE_EXTERNAL_MODULES=gmpo_verl.plugin`` registers them in every process that inherits the
+environment (Ray workers included), and :func:`register` in the calling process. Importing
 ``gmpo_verl`` itself imports neither verl nor torch.
 """
 

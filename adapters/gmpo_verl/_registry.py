@@ -17,8 +17,10 @@ logger = logging.getLogger("gmpo_verl")
 
 #: The loss modes this package registers, in verl's ``policy_loss.loss_mode``.
 LOSS_MODES = ("gmpo", "gmpo_dual_clip")
-#: verl releases this adapter is tested with (major, minor).
-TESTED_VERL = (0, 9)
+#: the oldest verl this adapter supports (major, minor; pyproject.toml's ``verl>=0.8``)
+MIN_VERL = (0, 8)
+#: verl releases this adapter is tested with (``make compat`` and the main test run)
+TESTED_VERL = ("0.8.0", "0.9.1")
 # marks a function as registered by gmpo_verl (so re-registering it, or a newer copy, is no clash)
 _OWNER = "__gmpo_verl__"
 _version_checked = False
@@ -37,7 +39,8 @@ def _losses() -> dict[str, Callable[..., Any]]:
 
 
 def check_verl_version(version: str | None = None) -> bool:
-    """Warn (one line, once per process) when verl is outside the tested range; True if inside."""
+    """Warn (one line, once per process) when verl is older than the supported range (verl 0.7's
+    default actor never fills ``global_batch_info``); True if inside."""
     global _version_checked
     if version is None:
         try:
@@ -46,13 +49,14 @@ def check_verl_version(version: str | None = None) -> bool:
             version = "unknown"
     parts = version.split(".")
     try:
-        inside = (int(parts[0]), int(parts[1])) == TESTED_VERL
+        inside = (int(parts[0]), int(parts[1])) >= MIN_VERL
     except (IndexError, ValueError):
         inside = False
     if not inside and not _version_checked:
         warnings.warn(
-            f"gmpo_verl is tested with verl {TESTED_VERL[0]}.{TESTED_VERL[1]}.x; found verl "
-            f"{version}: check that loss_mode=gmpo still receives config.global_batch_info.",
+            f"gmpo_verl supports verl >= {MIN_VERL[0]}.{MIN_VERL[1]} (tested with "
+            f"{' and '.join(TESTED_VERL)}); found verl {version}: check that loss_mode=gmpo "
+            "receives config.global_batch_info.",
             RuntimeWarning,
             stacklevel=3,
         )

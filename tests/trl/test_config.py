@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.metadata
 import warnings
 
 import pytest
@@ -83,12 +81,56 @@ def test_a_plain_grpo_config_is_refused(tmp_path):
 # --------------------------------------------------------------------------------------------
 
 
+def _declared_by_grpo_config() -> set[str]:
+    """GRPOConfig's fields minus those it inherits unchanged from transformers' TrainingArguments
+    (the same dataclass field object: neither redeclared nor given another default)."""
+    from transformers import TrainingArguments
+
+    inherited = TrainingArguments.__dataclass_fields__
+    return {
+        name
+        for name, field in trl.GRPOConfig.__dataclass_fields__.items()
+        if field._field_type is dataclasses._FIELD and inherited.get(name) is not field
+    }
+
+
 def test_every_grpo_config_field_is_in_the_table():
-    installed = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
-    unknown = sorted(installed - set(fields.FIELDS))
+    """Fails on a field the installed GRPOConfig declares (or redeclares) and the table does not
+    know; a field it inherits unchanged from TrainingArguments needs no entry (a new
+    transformers release adds such fields, and they never reach the loss step)."""
+    unknown = sorted(_declared_by_grpo_config() - set(fields.FIELDS))
     assert not unknown, f"GRPOConfig fields missing from gmpo_trl.fields.FIELDS: {unknown}"
-    stale = sorted(set(fields.FIELDS) - installed)
+
+
+def test_the_table_has_no_stale_loss_field():
+    """Every honoured or rejected field of the table is a field of the installed GRPOConfig
+    (at the newest tested TRL; older ones lack the fields added since, named in the skip)."""
+    installed = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+    loss_fields = {name for name, (tag, _) in fields.FIELDS.items() if tag != "irrelevant"}
+    stale = sorted(loss_fields - installed)
+    if stale and trl.__version__ != fields.TESTED_TRL[-1]:
+        pytest.skip(f"trl {trl.__version__}'s GRPOConfig lacks {stale} (added after it)")
     assert not stale, f"fields in gmpo_trl.fields.FIELDS that GRPOConfig no longer has: {stale}"
+
+
+def test_a_new_grpo_config_field_fails_the_table_and_a_training_argument_does_not():
+    """The check above on two synthetic configs: a field GRPOConfig declares is reported, a
+    TrainingArguments field it inherits is not."""
+    from transformers import TrainingArguments
+
+    @dataclasses.dataclass
+    class NewTrainingArguments(TrainingArguments):
+        brand_new_trainer_option: int = 0
+
+    @dataclasses.dataclass
+    class NewGRPOConfig(trl.GRPOConfig):
+        brand_new_loss_option: float = 0.0
+
+    for cls, expected in ((NewGRPOConfig, {"brand_new_loss_option"}), (trl.GRPOConfig, set())):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(trl, "GRPOConfig", cls)
+            assert _declared_by_grpo_config() - set(fields.FIELDS) == expected
+    assert "brand_new_trainer_option" not in _declared_by_grpo_config()
 
 
 def test_table_tags_and_gmpo_fields():
@@ -141,9 +183,25 @@ def test_every_rejected_field_is_refused(tmp_path):
 
 
 def test_grpo_compute_loss_fingerprint():
-    """Fails when TRL's GRPOTrainer._compute_loss changes: review gmpo_trl.trainer and
-    gmpo_trl.fields against the new source, then update fields.COMPUTE_LOSS_SHA256."""
-    assert compute_loss_fingerprint() == fields.COMPUTE_LOSS_SHA256
+    """Fails when the installed TRL's GRPOTrainer._compute_loss is none of the reviewed sources:
+    review gmpo_trl.trainer and gmpo_trl.fields against it, then add it to
+    fields.KNOWN_COMPUTE_LOSS_SHA256."""
+    known = fields.KNOWN_COMPUTE_LOSS_SHA256
+    assert compute_loss_fingerprint() in known.values(), f"trl {trl.__version__} is not reviewed"
+    if trl.__version__ in known:
+        assert compute_loss_fingerprint() == known[trl.__version__]
+
+
+def test_an_unknown_fingerprint_warns_and_a_known_one_does_not(tmp_path, monkeypatch):
+    import gmpo_trl.trainer
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gmpo_trl.trainer.check_compute_loss()
+    monkeypatch.setattr(gmpo_trl.trainer, "compute_loss_fingerprint", lambda: "0" * 64)
+    with pytest.warns(UserWarning, match=r"_compute_loss of trl \S+ is not one gmpo_trl") as w:
+        gmpo_trl.trainer.check_compute_loss()
+    assert len(w) == 1 and "1.10.0" in str(w[0].message) and "\n" not in str(w[0].message)
 
 
 def test_markdown_table_lists_every_field_and_the_docs_show_it():
@@ -160,29 +218,29 @@ def test_markdown_table_lists_every_field_and_the_docs_show_it():
 # --------------------------------------------------------------------------------------------
 
 
-def _installed_trl(monkeypatch, version):
-    """gmpo_trl reads trl's version from the package metadata (importing trl is slow)."""
-    real = importlib.metadata.version
-    monkeypatch.setattr(
-        importlib.metadata, "version", lambda name: version if name == "trl" else real(name)
-    )
+def _reload_with_trl(monkeypatch, installed):  # type: ignore[no-untyped-def]
+    import importlib.metadata
 
-
-def test_untested_trl_version_warns_once_in_one_line(monkeypatch):
     import gmpo_trl
 
-    _installed_trl(monkeypatch, "1.17.0")
+    real = importlib.metadata.version
+    monkeypatch.setattr(
+        importlib.metadata, "version", lambda name: installed if name == "trl" else real(name)
+    )
+    importlib.reload(gmpo_trl)
+
+
+def test_an_unsupported_trl_version_warns_once_in_one_line(monkeypatch):
     with pytest.warns(
-        UserWarning, match=r"tested with trl 1\.16\.x; trl 1\.17\.0 is installed"
+        UserWarning,
+        match=r"supports trl >= 1\.10 \(tested with 1\.10\.0 and 1\.16\.0\); trl 1\.9\.2",
     ) as w:
-        importlib.reload(gmpo_trl)
+        _reload_with_trl(monkeypatch, "1.9.2")
     assert len(w) == 1 and "\n" not in str(w[0].message)
 
 
-def test_tested_trl_version_does_not_warn(monkeypatch):
-    import gmpo_trl
-
-    _installed_trl(monkeypatch, "1.16.3")
+@pytest.mark.parametrize("installed", ["1.10.0", "1.16.3", "1.17.0", "2.0.0.dev0"])
+def test_a_supported_trl_version_does_not_warn(monkeypatch, installed):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        importlib.reload(gmpo_trl)
+        _reload_with_trl(monkeypatch, installed)

@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("trl")
 
 import torch
+import trl
 
 from gmpo_trl import GMPOConfig, lm_head
 from gmpo_trl.lm_head import TokenLogProbHead
@@ -19,6 +20,9 @@ pytestmark = pytest.mark.trl
 
 
 def test_default_is_on_and_scores_with_gmpo_core(tmp_path, monkeypatch):
+    """On a TRL whose chunked head gmpo_core stands in for (1.16), the loss step's scoring pass
+    runs gmpo_core's head; on an older one (1.10: another interface, and full logits by default)
+    it warns once, naming the TRL, that TRL's head scored the tokens: never a silent no-op."""
     assert GMPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False).gmpo_lm_head is True
     calls = []
     original = lm_head.token_logprobs
@@ -30,8 +34,21 @@ def test_default_is_on_and_scores_with_gmpo_core(tmp_path, monkeypatch):
     trainer = make_trainer(tmp_path)  # no gmpo_lm_head given
     inputs = make_inputs(trainer, drift=0.5)
     monkeypatch.setattr(lm_head, "token_logprobs", counting)
-    loss_and_grad(trainer, inputs)
-    assert calls == [True]  # the loss step's scoring pass, with entropies
+    monkeypatch.setattr(TokenLogProbHead, "warned", set())
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        loss_and_grad(trainer, inputs)
+        loss_and_grad(trainer, inputs)
+    used_trls = [
+        str(w.message) for w in seen if "gmpo_lm_head=True has no effect" in str(w.message)
+    ]
+    if lm_head.unsupported() is None:
+        assert calls == [True, True]  # the loss step's scoring passes, with entropies
+        assert used_trls == []
+    else:
+        assert calls == []
+        assert len(used_trls) == 1, used_trls  # once per process
+        assert f"trl {trl.__version__}" in used_trls[0] and "TRL's LM head" in used_trls[0]
 
 
 def _apply(softcap, outputs):  # type: ignore[no-untyped-def]

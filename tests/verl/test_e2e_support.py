@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from examples.verl.cpu import e2e as _e2e
+from tests.verl import _versions
 
 SCRIPT = _e2e.REPO / "examples" / "verl" / "smoke_test_cpu.sh"
 
@@ -70,6 +71,8 @@ def test_smoke_script_parses_and_its_commands_exist() -> None:
 
 def test_overrides_compose_into_a_gmpo_config(tmp_path: Path) -> None:
     pytest.importorskip("verl")
+    if (reason := _versions.no_v1_trainer()) is not None:
+        pytest.skip(reason)
     from verl.utils.config import omega_conf_to_dataclass
 
     files = {k: tmp_path / k for k in ("model", "tokenizer", "data", "reward")}
@@ -87,6 +90,8 @@ def test_overrides_compose_into_a_gmpo_config(tmp_path: Path) -> None:
 def test_cpu_support_names_the_verl_internal_that_moved() -> None:
     """In a subprocess: importing the support registers a platform and patches verl."""
     pytest.importorskip("verl")
+    if (reason := _versions.no_cpu_platform()) is not None:
+        pytest.skip(reason)
     code = (
         "from examples.verl.cpu.cpu_support import VerlMovedError, _require\n"
         "try:\n    _require('verl.utils.distributed', 'no_such_function')\n"

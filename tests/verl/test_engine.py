@@ -25,6 +25,10 @@ pytest.importorskip("verl")
 pytest.importorskip("transformers")
 
 from examples.verl.cpu import e2e as _e2e
+from tests.verl import _versions
+
+if (_missing := _versions.no_cpu_platform()) is not None:
+    pytest.skip(_missing, allow_module_level=True)
 
 pytestmark = pytest.mark.verl
 

@@ -27,6 +27,10 @@ pytest.importorskip("verl")
 pytest.importorskip("ray")
 
 from examples.verl.cpu import e2e as _e2e
+from tests.verl import _versions
+
+if (_missing := _versions.no_cpu_platform() or _versions.no_v1_trainer()) is not None:
+    pytest.skip(_missing, allow_module_level=True)
 
 pytestmark = [pytest.mark.verl, pytest.mark.slow]
 

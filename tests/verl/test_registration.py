@@ -16,6 +16,7 @@ from verl.trainer.ppo import core_algos
 
 import gmpo_verl
 from gmpo_verl import _registry
+from tests.verl import _versions
 
 pytestmark = pytest.mark.verl
 
@@ -64,8 +65,9 @@ def test_failed_registration_is_visible(
     assert core_algos.get_policy_loss_fn("gmpo") is gmpo_verl.compute_policy_loss_gmpo
 
 
-@pytest.mark.parametrize(("version", "inside"), [("0.9.1", True), ("0.9.4.dev0", True),
-                                                 ("0.10.0", False), ("1.0", False)])  # fmt: skip
+@pytest.mark.parametrize(("version", "inside"), [("0.8.0", True), ("0.9.1", True),
+                                                 ("0.9.4.dev0", True), ("0.10.0", True),
+                                                 ("0.7.1", False), ("unknown", False)])  # fmt: skip
 def test_version_warning(monkeypatch: pytest.MonkeyPatch, version: str, inside: bool) -> None:
     monkeypatch.setattr(_registry, "_version_checked", False)
     with warnings.catch_warnings(record=True) as caught:
@@ -74,7 +76,7 @@ def test_version_warning(monkeypatch: pytest.MonkeyPatch, version: str, inside: 
         gmpo_verl.check_verl_version(version)  # once per process
     assert len(caught) == (0 if inside else 1)
     if not inside:
-        assert "tested with verl 0.9.x" in str(caught[0].message)
+        assert "supports verl >= 0.8 (tested with 0.8.0 and 0.9.1)" in str(caught[0].message)
         assert "\n" not in str(caught[0].message)
 
 
@@ -95,6 +97,8 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 def test_entry_point_and_external_module_register_without_importing_gmpo_verl() -> None:
     """A fresh process: `import verl` loads the entry point; with entry points off,
     VERL_USE_EXTERNAL_MODULES=gmpo_verl.plugin (what external_lib does) registers too."""
+    if (reason := _versions.no_entry_points()) is not None:
+        pytest.skip(reason)
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _LOOKUP],

@@ -21,6 +21,7 @@ pytest.importorskip("verl")
 from verl.utils import import_utils
 
 from gmpo_verl import _trl_compat
+from tests.verl import _versions
 
 pytestmark = pytest.mark.verl
 
@@ -44,6 +45,8 @@ def _probe(**env: str) -> list[str]:
 def test_entry_point_turns_verls_trl_check_off_for_this_trl() -> None:
     """This environment has trl 1.16, without the value-head model: with the entry point verl's
     check says False (in verl's model patching too); with entry points off, verl's own True."""
+    if (reason := _versions.no_entry_points()) is not None:
+        pytest.skip(reason)
     assert not _trl_compat.trl_has_value_head()
     assert _probe(VERL_USE_EXTERNAL_PLUGINS="auto") == ["False", "False", "True"]
     assert _probe(VERL_USE_EXTERNAL_PLUGINS="none") == ["True", "True", "False"]
