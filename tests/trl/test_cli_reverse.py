@@ -99,10 +99,37 @@ def test_collapse_rule_on_a_made_up_curve():
     assert collapse(curve) == pytest.approx(
         {"reward_final20": 0.5, "reward_peak20": 0.9, "collapsed": True}
     )
+    # a drop of exactly 0.3 (0.5 -> 0.2) is one ("at least 0.3 below")
+    assert collapse([0.5] * 20 + [0.2] * 20)["collapsed"] is True
     # ... ending at 0.65 instead: a drop of 0.25 is not a collapse
     assert collapse([0.1] * 20 + [0.9] * 20 + [0.65] * 20)["collapsed"] is False
     with pytest.raises(ValueError, match="fewer than the window"):
         collapse([0.5] * 19)
+
+
+def test_collapse_is_the_studys_rule(monkeypatch):
+    """gmpo_trl.cli.reports.collapse and benchmarks/_study_report.py's: one rule, two copies
+    (the adapter does not import the benchmarks)."""
+    import random
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from _study_report import collapse as study_collapse
+
+    rng = random.Random(0)
+    seen = set()
+    for n in (40, 57, 100):
+        for _ in range(50):  # noisy curves that drop from a random level at a random step
+            high, low, cut = rng.random(), rng.random(), rng.randrange(n)
+            curve = [(high if i < cut else low) * rng.uniform(0.5, 1.0) for i in range(n)]
+            mine, theirs = collapse(curve), study_collapse(curve)
+            assert (mine["reward_final20"], mine["reward_peak20"], mine["collapsed"]) == (
+                pytest.approx(theirs.final),
+                pytest.approx(theirs.peak),
+                theirs.collapsed,
+            )
+            seen.add(mine["collapsed"])
+    assert seen == {True, False}
 
 
 def test_compare_table_counts_collapsed_runs():
