@@ -164,12 +164,12 @@ def _batch(x: _checks.Inputs, h: _math.Hyper, cu_seqlens: Tensor | None) -> _mat
 
 def _transformed(b: _math.Batch) -> bool:
     """Whether a ``torch.func`` transform (grad, vmap, jacrev, ...) wraps any input: such calls
-    run the math under autograd, which every transform supports."""
+    run the math under autograd, which every transform supports. Told by
+    ``torch.func.debug_unwrap``, the public API that sees the wrapping; a torch without it
+    (2.4) runs them through the Function, which torch's transforms refuse with an error."""
     unwrap = getattr(torch.func, "debug_unwrap", None)
-    if unwrap is None:  # torch 2.4 has no debug_unwrap: the test it makes first
-        return any(
-            torch._C._functorch.is_functorch_wrapped_tensor(t) for t in b if isinstance(t, Tensor)
-        )
+    if unwrap is None:
+        return False
     return any(unwrap(t, recurse=False) is not t for t in b if isinstance(t, Tensor))
 
 
