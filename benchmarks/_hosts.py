@@ -142,15 +142,11 @@ def _verl_masked_mean(values: Tensor, mask: Tensor, axis: Any = None) -> Tensor:
     # fmt: on
 
 
-def verl_geo_mean_loss(
-    old_log_prob: Tensor,
-    log_prob: Tensor,
-    advantages: Tensor,
-    response_mask: Tensor,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
+def verl_geo_mean_loss(  # verl's PolicyLossFn signature, as gmpo_verl's loss functions have it
+    old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
+    loss_agg_mode: str = "token-mean", config: Any = None,
     rollout_is_weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, Any]]:
+) -> tuple[Tensor, dict[str, Any]]:  # fmt: skip
     """verl 0.9.1's ``compute_policy_loss_geo_mean`` (``loss_mode=geo_mean``), same signature.
 
     Between the markers: a transcription of lines 1957-2011 of ``verl/trainer/ppo/core_algos.py``

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -62,16 +62,11 @@ def grpo_method(
 
 
 def gmpo_method(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    epsilon: float = 0.4,
-    epsilon_high: float | None = None,
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, **clip: Any
 ) -> tuple[Tensor, Tensor]:
-    """GMPO (``gmpo_core.gmpo_loss``): token clip in log space, then the geometric mean."""
-    out = gmpo_loss(logp, old_logp, advantages, mask, epsilon=epsilon, epsilon_high=epsilon_high)
+    """GMPO (``gmpo_core.gmpo_loss``, whose keyword arguments ``clip`` are: ``epsilon`` 0.4 by
+    default, ``epsilon_high``): token clip in log space, then the geometric mean."""
+    out = gmpo_loss(logp, old_logp, advantages, mask, **clip)
     return out.loss, out.metrics["clip_ratio/region_mean"].float()
 
 

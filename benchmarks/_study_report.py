@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 WINDOW = 20
@@ -92,6 +92,25 @@ def _ms(values: list[float], fmt: str = ".2f") -> str:
     return f"{statistics.fmean(values):{fmt}} ± {sd:{fmt}}"
 
 
+def _counts(
+    by: dict[Any, list[dict[str, Any]]],
+    methods: list[str],
+    cells: list[Any],
+    counts: Callable[[dict[str, Any]], bool],
+) -> list[str]:
+    """Table rows: per method and cell, the runs that ``counts`` / runs; then over all cells."""
+    lines = []
+    for m in methods:
+        row, total, n_all = [], 0, 0
+        for c in cells:
+            runs = by.get((m, *c), [])
+            k = sum(counts(r) for r in runs)
+            total, n_all = total + k, n_all + len(runs)
+            row.append(f"{k}/{len(runs)}" if runs else "—")
+        lines.append(f"| {m} | " + " | ".join(row) + f" | {total}/{n_all} |")
+    return lines
+
+
 def tables(records: list[dict[str, Any]], methods: list[str]) -> str:
     """Markdown: collapse counts per method and cell; per method and cell the final reward, peak,
     largest gradient norm, log-ratio range and final entropy; the sign tests."""
@@ -102,28 +121,14 @@ def tables(records: list[dict[str, Any]], methods: list[str]) -> str:
     lines = ["", "## Collapsed runs (collapsed / runs)", "",
              "| method | " + " | ".join(cell_name(c) for c in cells) + " | all |",
              "|---|" + "---:|" * (len(cells) + 1)]  # fmt: skip
-    for m in methods:
-        row, total, n_all = [], 0, 0
-        for c in cells:
-            runs = by.get((m, *c), [])
-            k = sum(r["collapsed"] for r in runs)
-            total, n_all = total + k, n_all + len(runs)
-            row.append(f"{k}/{len(runs)}" if runs else "—")
-        lines.append(f"| {m} | " + " | ".join(row) + f" | {total}/{n_all} |")
+    lines += _counts(by, methods, cells, lambda r: bool(r["collapsed"]))
     lines += ["", "## Runs that ended below their warm start (final reward < warm-start reward)",
               "", "Descriptive, defined after the first results: a run that falls from the warm "
               "start straight to 0 never has a peak 0.3 above its end, so the collapse rule "
               "above does not count it.", "",
               "| method | " + " | ".join(cell_name(c) for c in cells) + " | all |",
               "|---|" + "---:|" * (len(cells) + 1)]  # fmt: skip
-    for m in methods:
-        row, total, n_all = [], 0, 0
-        for c in cells:
-            runs = by.get((m, *c), [])
-            k = sum(r["final_reward"] < r["start_reward"] for r in runs)
-            total, n_all = total + k, n_all + len(runs)
-            row.append(f"{k}/{len(runs)}" if runs else "—")
-        lines.append(f"| {m} | " + " | ".join(row) + f" | {total}/{n_all} |")
+    lines += _counts(by, methods, cells, lambda r: bool(r["final_reward"] < r["start_reward"]))
     lines += ["", "## Per method and cell (mean ± std over seeds; median in brackets)", "",
               "| cell | method | final reward | peak reward | largest grad norm | "
               "log-ratio min | log-ratio max | max abs log-ratio, steps 1-10 | final entropy |",

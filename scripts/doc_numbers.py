@@ -12,14 +12,14 @@ integers (counts of settings: "2 threads", "8 generations"; a measured quantity 
 its unit or decimals), and digits inside words (Qwen2, bf16, H200, 1.5B).
 
 Anything else that is not a measured number (a hyper-parameter, a size, a version written as
-``trl 1.16``, a figure from the paper with its source) is exempted *per page* in ``PAGES`` with
-the reason, so that a review sees each one. An exemption that no longer occurs on its page is
-reported too.
+``trl 1.16``, a figure from the paper with its source) is exempted *per page* with the reason,
+in ``scripts/doc_pages.json`` (read into ``PAGES``), so that a review sees each one. An
+exemption that no longer occurs on its page is reported too.
 
-To check a new page: add ``"path/to/page.md": Page(results=(globs...), exempt={...},
-figures={...})``, run ``python scripts/doc_numbers.py path/to/page.md``, and for each number
-reported either point the page at the results file that holds it, regenerate it, or exempt it
-with a reason.
+To check a new page: add ``"path/to/page.md": {"results": [globs...], "exempt": {...},
+"figures": {...}}`` to ``scripts/doc_pages.json``, run ``python scripts/doc_numbers.py
+path/to/page.md``, and for each number reported either point the page at the results file that
+holds it, regenerate it, or exempt it with a reason.
 
     python scripts/doc_numbers.py            # every registered page; exit 1 on any report
     python scripts/doc_numbers.py README.md  # one page
@@ -28,6 +28,7 @@ with a reason.
 from __future__ import annotations
 
 import glob
+import json
 import math
 import re
 import sys
@@ -48,139 +49,16 @@ class Page:
     figures: dict[str, str] = field(default_factory=dict)
 
 
-# The Markdown results only: the JSON beside each holds every repeat, and the more numbers a
-# page is compared with, the likelier a wrong number matches one by chance.
-_TRL_RESULTS = ("results/*.md",)
-_LM_HEAD_RESULTS = (
-    "benchmarks/results/lm_head_cpu.md",
-    "benchmarks/results/lm_head_cpu_entropy.md",
-    "benchmarks/results/trainer_step_cpu.md",
-)
-
+# The registered pages: their results files (the Markdown results only: the JSON beside each
+# holds every repeat, and the more numbers a page is compared with, the likelier a wrong number
+# matches one by chance), their exemptions with the reason for each, and their figures.
 PAGES: dict[str, Page] = {
-    "README.md": Page(
-        results=_TRL_RESULTS,
-        exempt={
-            "0.4": "hyper-parameter: GMPO's clip epsilon (exp(±0.4))",
-            "0.2": "hyper-parameter: GRPO's clip epsilon (1 ± 0.2)",
-            "2507.20673": "the paper's arXiv id",
-            "2026": "the paper's venue (ICLR 2026)",
-            "3.10": "the minimum Python (pyproject.toml's requires-python)",
-            "1.10": "the minimum TRL (pyproject.toml's trl>=1.10)",
-            "1.16": "the TRL release whose chunked LM head gmpo_lm_head replaces",
-        },
-    ),
-    "docs/install.md": Page(
-        results=("results/compat.md",),
-        exempt={
-            "3.10": "the minimum Python (pyproject.toml's requires-python)",
-            "2.4": "the minimum torch (pyproject.toml's torch>=2.4)",
-            "1.24": "the minimum numpy (pyproject.toml's numpy>=1.24)",
-            "1.10": "the minimum TRL (pyproject.toml's trl>=1.10)",
-            "0.8": "the minimum verl (pyproject.toml's verl>=0.8), and torch 2.4.0's wheel in GB",
-            "1.16": "a TRL release, where its behaviour changed",
-            "0.9": "a verl release series, where its behaviour changed",
-            "0.7": "a verl release series that is not supported",
-            "5.11": "verl 0.9.1's transformers cap (transformers<5.11)",
-            "2.13": "a torch release series (clamp's gradient at a tie is 1 up to it)",
-            "2.14": "the torch release series that changed clamp's gradient at a tie",
-            "0.5": "torch 2.14.1's clamp gradient at a tie (a property of torch; tests/test_compat.py checks that gmpo's is 1)",
-            "24": "a pyarrow release (pyarrow<24)",
-            "5.2": "a datasets release (datasets>=5.2 requires pyarrow>=24)",
-        },
-    ),
-    "docs/trl.md": Page(
-        results=(*_TRL_RESULTS, *_LM_HEAD_RESULTS),
-        exempt={
-            "0.4": "hyper-parameter: GMPO's clip epsilon",
-            "-0.22": "GRPO's clip range in log space, log(1 - 0.2), from its epsilon",
-            "0.18": "GRPO's clip range in log space, log(1 + 0.2), from its epsilon",
-            "1.16": "the tested TRL release",
-            "1.10": "the minimum TRL (pyproject.toml's trl>=1.10)",
-            "3.0": "TRL's default vllm_importance_sampling_cap",
-            "16": "the reverse task: digits, prompts a generation, optimizer steps a generation",
-            "100": "a setting: generations of a --task reverse run",
-            "2e-3": "hyper-parameter: the --task reverse run's learning rate",
-            "40": "the collapse columns' minimum of logged rewards (2 x 20)",
-            "20": "the collapse rule's window (logged rewards)",
-            "0.3": "the collapse rule's drop",
-        },
-        figures={"img/trl_train.png": "figures-trl", "img/trl_compare.png": "figures-trl"},
-    ),
-    "docs/lm_head.md": Page(
-        results=_LM_HEAD_RESULTS,
-        exempt={
-            "156": "computed: the (256, V) float32 tile, 256 x 151,936 x 4 bytes",
-            "545": "computed: the float32 weight gradient, V x H x 4 bytes at H = 896",
-            "78": "computed: the tile's growth per 128 tokens, 128 x V x 4 bytes",
-            "8192": "a constant of the implementation: weight rows upcast at a time",
-            "32768": "a setting: TRL's vocabulary chunk as GRPOTrainer calls its head",
-        },
-        figures={
-            "img/lm_head_memory.png": "figures-lm-head",
-            "img/lm_head_time.png": "figures-lm-head",
-        },
-    ),
-    "docs/verl.md": Page(
-        results=("results/verl_cpu.md",),
-        exempt={
-            "0.9": "the tested verl release series (verl >= 0.9, the 0.9 engine)",
-            "0.2": "hyper-parameter: verl's default clip_ratio",
-            "0.4": "hyper-parameter: GMPO's clip epsilon (the paper's)",
-            "3.0": "verl's default clip_ratio_c",
-            "10": "a constant of verl: its low_var_kl clamp (±10)",
-            "1e-10": "a constant of verl's geo_mean: log(1e-10) for a zero rollout weight",
-            "1.x": "trl's release series",
-            "1e-5": "a threshold of tests/verl/test_main_ppo.py (rollout vs actor probabilities)",
-            "0.02": "hyper-parameter: the CPU runs' learning rate (examples/verl/cpu/e2e.py)",
-        },
-    ),
-    "docs/study.md": Page(
-        # the sweep, the GMPO variants, and the same task through TRL's trainer
-        # (make figures-study-trl)
-        results=(
-            "results/study/summary.md",
-            "results/study/variants/summary.md",
-            "results/study/trl_reverse*.md",
-        ),
-        exempt={
-            "16": "the task: digits per prompt, vocabulary size, prompts a step, updates a step",
-            "64": "the model's width; demonstrations per warm-start step",
-            "400": "a setting: warm-start steps",
-            "3e-3": "hyper-parameter: the warm start's learning rate",
-            "0.1": "the task: a demonstration digit's replacement probability",
-            "0.91": "computed from the noise: 0.9 + 0.1 / 10",
-            "0.22": "computed: 0.91^16, the warm start's expected reward",
-            "100": "a setting: RL steps per run",
-            "2507.20673": "the paper's arXiv id",
-            "240": "the full grid's run count: 6 methods x 4 learning rates x 2 x 5 seeds",
-            "1.0": "hyper-parameter: the gradient-clipping norm",
-            "0.2": "hyper-parameter: GRPO's clip epsilon (1 ± 0.2); GMPO's narrow epsilon",
-            "-0.4": "hyper-parameter: the wide ratio range e^-0.4",
-            "0.4": "hyper-parameter: GMPO's clip epsilon (the paper's)",
-            "20": "the collapse rule's window (steps)",
-            "0.3": "the collapse rule's drop",
-            "0.05": "the sign tests' level, fixed in advance",
-            "0.025": "the sign tests' level for both at once (0.05 / 2)",
-        },
-        figures={
-            "img/study_stability.png": "figures-study",
-            "img/study_trl_reverse.png": "figures-study-trl",
-            "img/study_trl_reverse_lr1e-3.png": "figures-study-trl",
-        },
-    ),
-    "docs/benchmarks.md": Page(
-        results=("benchmarks/results/loss_cpu.md", "benchmarks/results/packed_cpu.md"),
-        exempt={
-            "0.4": "hyper-parameter: GMPO's clip epsilon (the paper's)",
-            "32": "a setting: glibc's mmap threshold in MiB",
-            "30": "a setting: timed calls per shape",
-            "200": "a setting: calls of the break-even loop",
-            "50": "a setting: the break-even loop's shortest T",
-            "199": "a setting: the break-even loop's calls after the first",
-            "20": "the inputs: about 20 % of rows run to T",
-        },
-    ),
+    name: Page(
+        results=tuple(entry["results"]),
+        exempt=entry.get("exempt", {}),
+        figures=entry.get("figures", {}),
+    )
+    for name, entry in json.loads((ROOT / "scripts" / "doc_pages.json").read_text()).items()
 }
 
 _FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
