@@ -83,19 +83,19 @@ figures-bench: setup
 
 ## docs/study.md's numbers and figure: the stability study, GRPO against GMPO (6 methods x 4
 ## learning rates x without/with gradient clipping x 5 seeds, 240 runs of a tiny transformer
-## reversing 16 digits; about 35 minutes of two idle cores). results/study/ (summary.md,
-## summary.json, curves.jsonl), results/study/variants/ (every method at 2e-3 and 1e-3, from the
-## same runs) and docs/img/study_stability.png; the runs in runs/figures-study (a rerun reuses
-## every finished run: delete the directory to start afresh).
+## reversing 16 digits; about 34 minutes of two idle cores). results/study/all/ (every method),
+## results/study/ (the three methods of the sign tests, from the same runs: summary.md,
+## summary.json, curves.jsonl) and docs/img/study_stability.png; the runs in runs/figures-study
+## (a rerun reuses every finished run: delete the directory to start afresh).
 figures-study: setup
 	$(BIN)/python benchmarks/stability.py --curves-lr 2e-3 --out runs/figures-study
-	mkdir -p results/study
+	mkdir -p results/study/all
+	cp runs/figures-study/summary.md runs/figures-study/summary.json results/study/all/
+	$(BIN)/python benchmarks/stability.py --methods grpo,grpo_wide,gmpo --curves-lr 2e-3 \
+		--out runs/figures-study
 	cp runs/figures-study/summary.md runs/figures-study/summary.json results/study/
 	cp runs/figures-study/curves.jsonl results/study/
 	cp runs/figures-study/stability.png docs/img/study_stability.png
-	$(BIN)/python benchmarks/stability.py --lr 2e-3,1e-3 --curves-lr 2e-3 --out runs/figures-study
-	mkdir -p results/study/variants
-	cp runs/figures-study/summary.md runs/figures-study/summary.json results/study/variants/
 
 ## docs/study.md's "Through TRL's trainer": the study's task and cell (learning rate 2e-3, no
 ## gradient clipping) through TRL's GRPOTrainer and gmpo's GMPOTrainer on $(SEEDS) seeds, one
