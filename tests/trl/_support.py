@@ -133,3 +133,18 @@ __all__ = [
     "make_trainer",
     "model_logps",
 ]
+
+
+def tiny_moe() -> Any:
+    """A tiny Qwen2-MoE with the router's load-balancing loss on (coefficient 0.05), seeded."""
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    config = Qwen2MoeConfig(
+        vocab_size=len(TOKENIZER), hidden_size=32, intermediate_size=64,
+        moe_intermediate_size=32, shared_expert_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+        max_position_embeddings=64, output_router_logits=True, router_aux_loss_coef=0.05,
+        pad_token_id=TOKENIZER.pad_token_id, eos_token_id=TOKENIZER.eos_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return Qwen2MoeForCausalLM(config)

@@ -83,19 +83,9 @@ def _meta_step(tmp: Path, config: dict[str, Any], spec: dict[str, Any], extra: t
 def _moe_model() -> Any:
     """A tiny Qwen2-MoE (router aux loss on); experts as batched matmuls, since transformers'
     default grouped_mm has no float32 kernel on meta."""
-    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+    from tests.trl._support import tiny_moe
 
-    from tests.trl._support import TOKENIZER
-
-    config = Qwen2MoeConfig(
-        vocab_size=len(TOKENIZER), hidden_size=32, intermediate_size=64,
-        moe_intermediate_size=32, shared_expert_intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
-        max_position_embeddings=64, output_router_logits=True, router_aux_loss_coef=0.05,
-        pad_token_id=TOKENIZER.pad_token_id, eos_token_id=TOKENIZER.eos_token_id,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = Qwen2MoeForCausalLM(config)
+    model = tiny_moe()
     model.set_experts_implementation("batched_mm")
     return model
 

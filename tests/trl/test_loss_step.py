@@ -280,20 +280,7 @@ def test_forward_inputs_reach_the_model(tmp_path, monkeypatch):
 def test_moe_router_aux_loss(tmp_path):
     """The MoE load-balancing loss is added as GRPOTrainer adds it (same value and gradient as
     GRPOTrainer on-policy) and logged as aux_loss."""
-    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
-
-    from tests.trl._support import TOKENIZER
-
-    def moe():
-        config = Qwen2MoeConfig(
-            vocab_size=len(TOKENIZER), hidden_size=32, intermediate_size=64,
-            moe_intermediate_size=32, shared_expert_intermediate_size=32, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
-            max_position_embeddings=64, output_router_logits=True, router_aux_loss_coef=0.05,
-            pad_token_id=TOKENIZER.pad_token_id, eos_token_id=TOKENIZER.eos_token_id,
-        )  # fmt: skip
-        torch.manual_seed(0)
-        return Qwen2MoeForCausalLM(config)
+    from tests.trl._support import tiny_moe as moe
 
     ours = make_trainer(tmp_path, model=moe())
     grpo = make_trainer(tmp_path, GRPOTrainer, GRPOConfig, model=moe(), loss_type="grpo")
