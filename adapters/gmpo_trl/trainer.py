@@ -25,7 +25,7 @@ from gmpo_core import gmpo_loss, sequence_kl
 from gmpo_core import metrics as gmpo_metrics
 from gmpo_trl.config import GMPOConfig, check_config
 from gmpo_trl.fields import KNOWN_COMPUTE_LOSS_SHA256
-from gmpo_trl.lm_head import lm_head_swapped
+from gmpo_trl.head_swap import lm_head_swapped
 
 # The forward's optional inputs (multimodal fields...), read from the helper's own signature so a
 # field TRL adds there reaches the model without a change here.

@@ -198,7 +198,7 @@ def test_help_defaults_are_gmpoconfigs():
 
     from gmpo_trl import GMPOConfig
     from gmpo_trl.cli.help import short_help
-    from gmpo_trl.cli.options import COMMON_TRL_OPTIONS
+    from gmpo_trl.cli.defaults import COMMON_TRL_OPTIONS
     from gmpo_trl.fields import OPTIONS
 
     declared = {f.name: f for f in dataclasses.fields(GMPOConfig)}
@@ -238,7 +238,7 @@ def test_no_accelerator_means_cpu(tmp_path, capsys):
     """With --model and no GPU: use_cpu and no bf16 without a flag (GRPOConfig would refuse
     bf16 on a CPU); the run trains a local model directory."""
     from gmpo_trl import GMPOConfig, toy
-    from gmpo_trl.cli.options import has_accelerator
+    from gmpo_trl.cli.defaults import has_accelerator
     from gmpo_trl.cli.parsing import parse
 
     if has_accelerator():
@@ -361,7 +361,7 @@ def _configs_parsed_twice(argv: list[str]) -> tuple[object, object]:
 
     from gmpo_trl import GMPOConfig
     from gmpo_trl.cli.compare import CompareArguments
-    from gmpo_trl.cli.options import run_defaults
+    from gmpo_trl.cli.defaults import run_defaults
 
     probe = argparse.ArgumentParser(add_help=False)
     for name in ("--model", "--output_dir", "--grpo_epsilon"):

@@ -94,7 +94,7 @@ def _moe_model() -> Any:
 def test_loss_step_on_meta_reads_the_host_once_per_step(
     tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gmpo_trl import lm_head
+    from gmpo_trl import head_swap as lm_head
 
     head_calls = []
     original = lm_head.token_logprobs

@@ -12,8 +12,9 @@ pytest.importorskip("trl")
 import torch
 import trl
 
-from gmpo_trl import GMPOConfig, lm_head
-from gmpo_trl.lm_head import TokenLogProbHead
+from gmpo_trl import GMPOConfig
+from gmpo_trl import head_swap as lm_head
+from gmpo_trl.head_swap import TokenLogProbHead
 from tests.trl._support import loss_and_grad, make_inputs, make_trainer
 
 pytestmark = pytest.mark.trl

@@ -435,7 +435,7 @@ def test_gmpo_lm_head_matches_trls_chunked_head(tmp_path):
     ChunkedLogProbFunction; loss, gradients and metrics (entropy included) are the same."""
     import trl
 
-    from gmpo_trl import lm_head
+    from gmpo_trl import head_swap as lm_head
 
     if (reason := lm_head.unsupported()) is not None:  # test_lm_head_default.py: it warns
         pytest.skip(f"trl {trl.__version__} lacks trl 1.16's chunked LM head: {reason}")

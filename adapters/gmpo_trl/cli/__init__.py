@@ -21,7 +21,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from gmpo_trl.cli.options import COMMANDS, USAGE, CLIError
+from gmpo_trl.cli.defaults import COMMANDS, USAGE, CLIError
 
 # The package: ``options`` (what each command accepts, the defaults of a run; no TRL import),
 # ``help`` (``--help`` from those tables), ``parsing`` (argv and --config to a ``Parsed``, once),

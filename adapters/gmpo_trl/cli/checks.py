@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gmpo_trl.cli.options import TASKS, CLIError
+from gmpo_trl.cli.defaults import TASKS, CLIError
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 

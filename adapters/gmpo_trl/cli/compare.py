@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gmpo_trl.cli.checks import check_inputs
-from gmpo_trl.cli.options import CLIError
+from gmpo_trl.cli.defaults import CLIError
 from gmpo_trl.cli.parsing import Parsed
 from gmpo_trl.cli.plots import log_clip_range, plot_compare
 from gmpo_trl.cli.reports import COLLAPSE_DROP, COLLAPSE_WINDOW, FINAL_STEPS, compare_table
@@ -55,7 +55,7 @@ def configs(parsed: Parsed) -> tuple[Any, Any]:
 def main(parsed: Parsed) -> Path:
     """``gmpo compare``: GRPO, then GMPO, on each seed; returns the output directory."""
     from gmpo_trl import GMPOTrainer
-    from gmpo_trl.compare import RangeLoggingGRPOTrainer
+    from gmpo_trl.grpo_range import RangeLoggingGRPOTrainer
 
     script = parsed.script
     grpo_config, gmpo_config = configs(parsed)

@@ -9,7 +9,7 @@ import dataclasses
 import textwrap
 from typing import Any
 
-from gmpo_trl.cli.options import COMMAND_DEFAULTS, COMMON_TRL_OPTIONS, toy_settings
+from gmpo_trl.cli.defaults import COMMAND_DEFAULTS, COMMON_TRL_OPTIONS, toy_settings
 from gmpo_trl.cli.parsing import script_arguments
 from gmpo_trl.fields import OPTIONS
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from gmpo_trl.cli.checks import check_config, check_counts
-from gmpo_trl.cli.options import CLIError, run_defaults
+from gmpo_trl.cli.defaults import CLIError, run_defaults
 
 _UNSET = object()  # the default of every option while parsing: what is not _UNSET, the user set
 

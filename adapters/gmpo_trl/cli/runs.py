@@ -13,7 +13,7 @@ from typing import Any
 
 from gmpo_trl.cli.callbacks import json_lines, quiet_progress_bar
 from gmpo_trl.cli.checks import check_model, load_dataset, resolve_reward
-from gmpo_trl.cli.options import CLIError
+from gmpo_trl.cli.defaults import CLIError
 from gmpo_trl.cli.plots import log_clip_range, plot_training
 from gmpo_trl.cli.reports import read_metrics, run_summary, summary_line, summary_markdown
 
@@ -31,7 +31,7 @@ class Task:
 
 def successor_task() -> Task:
     """The toy run's task (``gmpo_trl.toy``): a tiny Qwen2-style model learns ``d= -> d + 1``."""
-    from gmpo_trl import toy
+    from gmpo_tasks import successor as toy
 
     def model(seed: int) -> tuple[Any, Any]:
         tokenizer = toy.char_tokenizer()
@@ -49,8 +49,8 @@ def reverse_task() -> Task:
     """``--task reverse`` (``gmpo_trl.reverse``): reverse 16 digits, exact-match reward; the model
     of a seed is warm-started on noisy demonstrations (the same model for every method of a
     seed: the warm start is computed once per seed and process)."""
-    from gmpo_trl.reverse import ReverseTask
-    from gmpo_trl.reverse_trl import reverse_dataset, reverse_model, sampled_reward, warm_start
+    from gmpo_tasks.reverse import ReverseTask
+    from gmpo_tasks.warm_start import reverse_dataset, reverse_model, sampled_reward, warm_start
 
     task = ReverseTask()
     states: dict[int, tuple[dict[str, Any], float]] = {}

@@ -17,7 +17,7 @@ from tests._helpers import assert_close, well_conditioned
 from tests._packed import packed_to_torch, ref_packed
 from tests.strategies import PackedBatch, garbage, packed_batches
 
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "recipes.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "recipes.md"
 BLOCK = re.compile(r"^```py\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 

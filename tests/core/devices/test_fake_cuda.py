@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from tests._fake_cuda_checks import CHECKS
+from tests.core.devices._fake_cuda_checks import CHECKS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 # Python indexing of a fake CUDA tensor (``t[0]``, ``t[1:]``) enters a CUDA device guard, which a
 # CPU-only torch does not have ("PyTorch is not linked with support for cuda devices"); on a GPU

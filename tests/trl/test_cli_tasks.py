@@ -12,7 +12,7 @@ pytest.importorskip("trl")
 
 from gmpo_trl.cli import main, runs
 from gmpo_trl.cli.reports import collapse, compare_table, read_metrics
-from gmpo_trl.reverse import ReverseTask
+from gmpo_tasks.reverse import ReverseTask
 
 pytestmark = pytest.mark.trl
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # ``from tests...``, ``import tests...``, ``python -m tests....`` and module paths in strings
 _USES_TESTS = re.compile(r"(^\s*(from|import)\s+tests\b)|(-m\s+tests\.)|([\"']tests\.\w)", re.M)
 

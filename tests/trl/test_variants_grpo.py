@@ -21,7 +21,7 @@ import torch
 from tests.trl._support import GRPOConfig, GRPOTrainer, loss_and_grad, make_inputs, make_trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from _study_methods import METHODS
+from gmpo_tasks.variants import METHODS
 
 pytestmark = pytest.mark.trl
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from gmpo_trl import reverse
-from gmpo_trl.reverse import ReverseTask
+from gmpo_tasks import reverse
+from gmpo_tasks.reverse import ReverseTask
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_import_loads_neither_trl_nor_transformers() -> None:

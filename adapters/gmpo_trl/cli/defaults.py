@@ -51,7 +51,7 @@ def default_output_dir(command: str) -> str:
 
 def toy_defaults(output_dir: str) -> dict[str, Any]:
     """The config values of the built-in toy run (no --model)."""
-    from gmpo_trl import toy
+    from gmpo_tasks import successor as toy
 
     return toy.toy_args(
         output_dir,
@@ -71,8 +71,8 @@ REVERSE_ROLLOUTS = 100
 
 def reverse_defaults(output_dir: str) -> dict[str, Any]:
     """The config values of the built-in reverse run (``--task reverse``, no --model)."""
-    from gmpo_trl.reverse import ReverseTask
-    from gmpo_trl.reverse_trl import reverse_args
+    from gmpo_tasks.reverse import ReverseTask
+    from gmpo_tasks.warm_start import reverse_args
 
     return reverse_args(output_dir, ReverseTask(), rollouts=REVERSE_ROLLOUTS, disable_tqdm=False)
 

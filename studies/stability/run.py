@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from _study_methods import METHODS
-from _study_model import TinyLM, completion_logps, sample
+from gmpo_tasks.variants import METHODS
+from studies.stability.model import TinyLM, completion_logps, sample
 
-from gmpo_trl.reverse import ReverseTask, decode, encode
+from gmpo_tasks.reverse import ReverseTask, decode, encode
 
 STD_EPS = 1e-4  # TRL's group-normalization epsilon
 

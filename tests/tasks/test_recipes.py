@@ -25,7 +25,7 @@ from gmpo_core import gmpo_loss, reference
 from tests._helpers import assert_close, to_torch, valid_log_ratio, well_conditioned
 from tests.strategies import Batch, batches, garbage
 
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "recipes.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "recipes.md"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 # recipe name -> the reference variant it implements

@@ -16,12 +16,12 @@ import torch
 
 from gmpo_core import reference
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the study's modules sit beside the script
 
-from _study_methods import METHODS  # noqa: E402
-from _study_report import collapse, paired, pooled, sign_test_p  # noqa: E402
-from _study_run import Setup, group_advantages, rl_run, warm_start  # noqa: E402
+from gmpo_tasks.variants import METHODS  # noqa: E402
+from studies.stability.report import collapse, paired, pooled, sign_test_p  # noqa: E402
+from studies.stability.run import Setup, group_advantages, rl_run, warm_start  # noqa: E402
 
 RECORD_KEYS = {
     "method": str, "lr": float, "seed": int, "grad_clip": (float, type(None)),

@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-DEMO = pathlib.Path(__file__).parents[1] / "examples" / "core_demo.py"
+DEMO = pathlib.Path(__file__).parents[2] / "examples" / "core_demo.py"
 
 
 @pytest.fixture(scope="module")

@@ -31,10 +31,10 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from _study_methods import METHODS
-from _study_plot import plot
-from _study_report import DROP, WINDOW, collapse, tables
-from _study_run import Setup, init_worker, run_job, warm_job
+from gmpo_tasks.variants import METHODS
+from studies.stability.plot import plot
+from studies.stability.report import DROP, WINDOW, collapse, tables
+from studies.stability.run import Setup, init_worker, run_job, warm_job
 
 # the learning rates in run order: the stress point first, then outward (a sweep cut short has
 # whole learning rates, the most informative first)

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gmpo_trl import toy
-from gmpo_trl.reverse import ReverseTask
+from gmpo_tasks import successor as toy
+from gmpo_tasks.reverse import ReverseTask
 
 
 def reverse_model(task: ReverseTask, *, seed: int = 0, hidden_size: int = 64) -> tuple[Any, Any]:

@@ -10,8 +10,8 @@ import pytest
 pytest.importorskip("trl")
 
 from gmpo_trl import GMPOConfig, GMPOTrainer
-from gmpo_trl.reverse import ReverseTask, reward
-from gmpo_trl.reverse_trl import (
+from gmpo_tasks.reverse import ReverseTask, reward
+from gmpo_tasks.warm_start import (
     reverse_args,
     reverse_dataset,
     reverse_model,
