@@ -8,7 +8,7 @@ Run from the repository root::
 The model makes the LM head matter: a Qwen2 (``Qwen2ForCausalLM`` from a ``Qwen2Config``, random
 weights, tied embeddings as in Qwen2.5-0.5B) with a small body (``--hidden`` 128, ``--layers`` 2)
 and Qwen's vocabulary size (``--vocab`` 151,936). The tokenizer is the project's character
-tokenizer (``gmpo_trl.toy``) with its vocabulary padded by dummy tokens up to V, so that every
+tokenizer (``gmpo_tasks.chars``) with its vocabulary padded by dummy tokens up to V, so that every
 sampled id decodes. Nothing is downloaded.
 
 Two variants, each in its own FRESH subprocess (``--variants``):
@@ -16,7 +16,7 @@ Two variants, each in its own FRESH subprocess (``--variants``):
 * ``trl``: ``GMPOConfig(gmpo_lm_head=False)`` (the default): TRL 1.16's patched forward scores
   tokens with ``trl.kernels.ChunkedLogProbFunction``.
 * ``gmpo``: ``GMPOConfig(gmpo_lm_head=True)``: the same forward with
-  ``gmpo_core.lm_head.token_logprobs`` in that place (``gmpo_trl.lm_head``).
+  ``gmpo_core.lm_head.token_logprobs`` in that place (``gmpo_trl.head_swap``).
 
 Everything else is identical: same seed, same initial weights, same batch, same loss
 (``--gmpo-impl``, default ``plain``, for both; the loss is milliseconds against the head's
@@ -129,11 +129,14 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     from transformers import TrainerCallback
 
-    from gmpo_trl import GMPOConfig, GMPOTrainer, toy
+    from gmpo_tasks import successor as toy
+    from gmpo_tasks.chars import char_tokenizer
+    from gmpo_tasks.models import qwen2_model
+    from gmpo_trl import GMPOConfig, GMPOTrainer
 
     t_setup = time.perf_counter()
-    tokenizer = toy.char_tokenizer(vocab_size=args.vocab)
-    model = toy.tiny_model(
+    tokenizer = char_tokenizer(vocab_size=args.vocab)
+    model = qwen2_model(
         tokenizer,
         seed=args.seed,
         hidden_size=args.hidden,

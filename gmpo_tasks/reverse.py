@@ -3,7 +3,7 @@
 The prompt is ``L`` random digits followed by ``=``; the completion is correct when its first
 ``L`` characters are the prompt's digits in reverse order (exact match, reward 1.0, else 0.0;
 with ``partial_credit`` the reward is the fraction of the ``L`` positions that are right).
-Unlike the toy's successor task (:mod:`gmpo_trl.toy`), whose completion is a single token, a
+Unlike the toy's successor task (:mod:`gmpo_tasks.successor`), whose completion is a single token, a
 completion here is ``L`` tokens, so the geometric and the arithmetic mean of a row's token
 ratios differ: the setting in which GMPO and GRPO can behave differently.
 
@@ -13,10 +13,13 @@ that matches that distribution gets a digit right with probability ``1 - noise +
 and a whole string right with that number to the power ``L``: 0.91 ** 16 = 0.22 at the
 defaults, a starting reward with room to move either way.
 
-Everything is strings and the standard library, so the same prompts, reward and demonstrations
-serve a plain-torch model (``benchmarks/stability.py``, with :data:`VOCAB` and :func:`encode`)
-and TRL's trainers (the reward has TRL's signature ``reward(prompts, completions, **kw)``).
-This module imports neither TRL nor transformers (nor torch).
+The prompts, reward and demonstrations are strings and the standard library, so they serve a
+plain-torch model (``studies/stability``, with :data:`VOCAB` and :func:`encode`) and TRL's
+trainers (the reward has TRL's signature ``reward(prompts, completions, **kw)``). The setting of
+a run (:data:`CELL`: prompts, completions, updates and rollouts, the learning rate) and the warm
+start's (``gmpo_tasks.warm_start.WARM``) are written here once; the study and ``gmpo train
+--task reverse`` read them. Nothing is imported from TRL; transformers, datasets and torch only
+when a model or a dataset is built.
 """
 
 from __future__ import annotations
@@ -26,11 +29,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-DIGITS = "0123456789"
-SEP = "="
-#: the study's 16 symbols: the digits, the separator and five distractors (never right in a
-#: completion); the toy's character tokenizer (:func:`gmpo_trl.toy.char_tokenizer`) has them all
-VOCAB = DIGITS + SEP + "abcde"
+from gmpo_tasks.chars import DIGITS, DISTRACTORS, SEP, char_tokenizer
+from gmpo_tasks.models import gpt2_model
+from gmpo_tasks.task import Task
+from gmpo_tasks.warm_start import WARM, WarmStart, sampled_reward, warm_start_hf
+
+#: the plain-torch study's 16 symbols: the digits, the separator and five distractors (never
+#: right in a completion), each in the character tokenizer's alphabet (``gmpo_tasks.chars``)
+VOCAB = DIGITS + SEP + DISTRACTORS[:5]
 _INDEX = {c: i for i, c in enumerate(VOCAB)}
 
 
@@ -126,3 +132,108 @@ class ReverseTask:
     def expected_warm_reward(self) -> float:
         """Exact-match reward of a policy that matches the demonstrations' distribution."""
         return (1.0 - self.noise + self.noise / len(DIGITS)) ** self.length
+
+
+@dataclass(frozen=True)
+class Cell:
+    """The RL setting of docs/study.md: each of ``rollouts`` generations samples ``group``
+    completions for each of ``prompts`` prompts at temperature 1 and takes ``minibatches`` Adam
+    updates on each of ``epochs`` passes over it, at learning rate ``lr`` (where the study's
+    methods separate most), without gradient clipping."""
+
+    prompts: int = 16
+    group: int = 8
+    minibatches: int = 8
+    epochs: int = 2
+    rollouts: int = 100
+    lr: float = 2e-3
+
+
+CELL = Cell()
+
+
+def reverse_model(task: ReverseTask, *, seed: int = 0, hidden_size: int = 64) -> tuple[Any, Any]:
+    """(tokenizer, model): the character tokenizer and the tiny GPT-2-style model
+    (:func:`gmpo_tasks.models.gpt2_model`) with room for a prompt of ``L + 1`` and a completion
+    of ``L`` tokens."""
+    tokenizer = char_tokenizer()
+    model = gpt2_model(tokenizer, 2 * task.length + 8, seed=seed, hidden_size=hidden_size)
+    return tokenizer, model
+
+
+#: the warm start of the built-in run's model (a test may set a shorter one)
+WARM_START = WARM
+_WARM_STATES: dict[tuple[ReverseTask, WarmStart, int], dict[str, Any]] = {}
+
+
+def warm_model(
+    task: ReverseTask, seed: int, *, settings: WarmStart | None = None
+) -> tuple[Any, Any]:
+    """(model, tokenizer): :func:`reverse_model` after the warm start (``settings``, by default
+    :data:`WARM_START`), both seeded by ``seed``. A warm start is computed once per task, setting,
+    seed and process (every method of a seed starts from the same model) and reported in one
+    line."""
+    settings = settings or WARM_START
+    tokenizer, net = reverse_model(task, seed=seed)
+    key = (task, settings, seed)
+    if key not in _WARM_STATES:
+        losses = warm_start_hf(net, tokenizer, task, seed=seed, settings=settings)
+        start = sampled_reward(net, tokenizer, task, seed=seed)
+        print(f"warm start (seed {seed}): {settings.steps} supervised steps, loss "
+              f"{losses[0]:.2f} -> {losses[-1]:.2f}, sampled reward {start:.3f}")  # fmt: skip
+        _WARM_STATES[key] = {k: v.clone() for k, v in net.state_dict().items()}
+    net.load_state_dict(_WARM_STATES[key])
+    return net, tokenizer
+
+
+def reverse_dataset(task: ReverseTask, n: int = 2048, *, seed: int = 0) -> Any:
+    """``n`` prompts of the task as a ``datasets.Dataset`` with a ``prompt`` column."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": task.prompts(n, seed=f"train:{seed}")})
+
+
+def reverse_args(
+    output_dir: str, task: ReverseTask, *, rollouts: int = CELL.rollouts, **overrides: Any
+) -> dict[str, Any]:
+    """``GMPOConfig`` / ``GRPOConfig`` keyword arguments of :data:`CELL`: ``rollouts``
+    generations of ``prompts x group`` completions, ``minibatches x epochs`` optimizer steps on
+    each (``steps_per_generation`` slices, ``num_iterations`` passes), no gradient clipping
+    (``max_grad_norm=0``). Give GRPOConfig ``loss_type="grpo"`` for the study's ``grpo``."""
+    from gmpo_tasks.successor import toy_args
+
+    steps_per_generation, num_iterations = CELL.minibatches, CELL.epochs
+    args = toy_args(
+        output_dir,
+        per_device_train_batch_size=CELL.prompts * CELL.group // CELL.minibatches,
+        steps_per_generation=steps_per_generation,
+        num_iterations=num_iterations,
+        num_generations=CELL.group,
+        max_completion_length=task.length,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        learning_rate=CELL.lr,
+        max_grad_norm=0.0,
+        max_steps=rollouts * steps_per_generation * num_iterations,
+        logging_steps=steps_per_generation * num_iterations,
+    )
+    args.update(overrides)
+    return args
+
+
+_TASK = ReverseTask()
+
+TASK = Task(
+    name="reverse",
+    about="reverse 16 digits, exact match; a tiny GPT-2-style model warm-started on noisy "
+    "demonstrations; without --model, the setting of docs/study.md instead of the toy values: "
+    f"{CELL.rollouts} generations of {CELL.prompts} prompts x {CELL.group} completions, "
+    f"{CELL.minibatches * CELL.epochs} optimizer steps on each (steps_per_generation="
+    f"{CELL.minibatches}, num_iterations={CELL.epochs}), learning_rate={CELL.lr:g}, "
+    "max_grad_norm=0",
+    dataset=lambda seed: reverse_dataset(_TASK, seed=seed),
+    reward=_TASK.reward_function(),
+    model=lambda seed: warm_model(_TASK, seed),
+    trainer_args=lambda output_dir: reverse_args(output_dir, _TASK),
+)

@@ -1,13 +1,10 @@
-"""A tiny Qwen2-style model, a character tokenizer and a toy verifiable task, built in-process.
+"""The toy task ("successor"): the default of ``gmpo train`` and of the TRL tests.
 
-Nothing here touches the network: the model is built from a ``Qwen2Config`` with random weights
-and the tokenizer from the ``tokenizers`` library. Tests, the ``gmpo`` command and the examples
-share these builders so that "the default run" means one thing everywhere.
-
-The task ("successor"): the prompt is a digit ``d`` followed by ``=``; the completion is correct
-when its first character is the digit ``(d + 1) % 10``. A random policy over the vocabulary is
-right about 1 time in 20, so the reward starts near 0.05; with :func:`toy_args` GMPO takes the
-mean of the last ten of 150 steps above 0.8 in seconds on a CPU (``tests/trl/test_training.py``).
+The prompt is a digit ``d`` followed by ``=``; the completion is correct when its first character
+is the digit ``(d + 1) % 10``. A random policy over the vocabulary is right about 1 time in 20,
+so the reward starts near 0.05; with :func:`toy_args` GMPO takes the mean of the last ten of 150
+steps above 0.8 in seconds on a CPU (``tests/trl/test_training.py``). The model is a tiny
+Qwen2-style one (:func:`gmpo_tasks.models.qwen2_model`) with random weights.
 """
 
 from __future__ import annotations
@@ -15,57 +12,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-DIGITS = "0123456789"
-# a small alphabet: the digits, '=' and a few distractors; specials first
-CHARS = DIGITS + "=+abcdefgh"
-SPECIALS = ("<pad>", "<eos>")
-
-
-def char_tokenizer(vocab_size: int | None = None) -> Any:
-    """A left-padding character tokenizer (``PreTrainedTokenizerFast``), built without the hub.
-    ``vocab_size`` pads the vocabulary with dummy tokens ``<xI>`` (a model with a large head)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    base = (*SPECIALS, *CHARS)
-    if vocab_size is not None and vocab_size < len(base):
-        raise ValueError(f"vocab_size must be at least {len(base)}, got {vocab_size}")
-    vocab = {tok: i for i, tok in enumerate(base)}
-    vocab.update({f"<x{i}>": i for i in range(len(base), vocab_size or 0)})
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", padding_side="left"
-    )
-    return tok
-
-
-def tiny_model(
-    tokenizer: Any, *, seed: int = 0, hidden_size: int = 32, layers: int = 2, max_len: int = 64
-) -> Any:
-    """A randomly initialized Qwen2-style causal LM sized for CPU tests (about 30k parameters)."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=max_len,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-    )
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    return model
+from gmpo_tasks.chars import DIGITS, SEP, char_tokenizer
+from gmpo_tasks.models import qwen2_model
+from gmpo_tasks.task import Task
 
 
 def successor_dataset(n: int = 256, *, seed: int = 0) -> Any:
@@ -73,7 +22,7 @@ def successor_dataset(n: int = 256, *, seed: int = 0) -> Any:
     from datasets import Dataset
 
     rng = random.Random(seed)
-    return Dataset.from_dict({"prompt": [f"{rng.choice(DIGITS)}=" for _ in range(n)]})
+    return Dataset.from_dict({"prompt": [f"{rng.choice(DIGITS)}{SEP}" for _ in range(n)]})
 
 
 def successor_reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
@@ -110,3 +59,26 @@ def toy_args(output_dir: str, **overrides: Any) -> dict[str, Any]:
     )
     args.update(overrides)
     return args
+
+
+def model(seed: int) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of a seed: the tiny Qwen2-style model and the character tokenizer."""
+    tokenizer = char_tokenizer()
+    return qwen2_model(tokenizer, seed=seed), tokenizer
+
+
+def run_args(output_dir: str) -> dict[str, Any]:
+    """The built-in run's arguments: the toy's, with two optimizer steps per generation and two
+    passes over each batch, so that updates are off-policy, the trust region acts and the
+    log-ratio plot shows something (on-policy, r = 0)."""
+    return toy_args(output_dir, num_iterations=2, steps_per_generation=2)
+
+
+TASK = Task(
+    name="successor",
+    about="the toy run",
+    dataset=lambda seed: successor_dataset(seed=seed),
+    reward=successor_reward,
+    model=model,
+    trainer_args=run_args,
+)

@@ -18,7 +18,6 @@ once that TRL's head scored the tokens (never a silent no-op).
 from __future__ import annotations
 
 import contextlib
-import inspect
 import warnings
 from collections.abc import Iterator
 from importlib.metadata import version
@@ -28,26 +27,9 @@ import trl.trainer.utils as trl_utils
 from torch import Tensor
 
 from gmpo_core import token_logprobs
+from gmpo_trl.compat import chunked_head_unsupported
 
 _OURS = {"log_probs", "entropy"}
-
-
-#: the arguments of TRL 1.16's ``ChunkedLogProbFunction.forward`` after ``ctx``
-_INTERFACE = (
-    "hidden", "weight", "bias", "targets", "temperature", "chunk_size",
-    "final_logit_softcapping", "logit_scale", "outputs",
-)  # fmt: skip
-
-
-def unsupported() -> str | None:
-    """Why the installed TRL's chunked head cannot be replaced (None: it can)."""
-    original = getattr(trl_utils, "_ChunkedLogProbFunction", None)
-    if original is None:
-        return "trl.trainer.utils has no _ChunkedLogProbFunction"
-    params = tuple(inspect.signature(original.forward).parameters)[1:]
-    if params != _INTERFACE:
-        return f"its _ChunkedLogProbFunction takes ({', '.join(params)})"
-    return None
 
 
 class TokenLogProbHead:
@@ -98,7 +80,7 @@ def lm_head_swapped() -> Iterator[None]:
     """Within the block, TRL's patched forward scores tokens with :class:`TokenLogProbHead`.
     A block that scored nothing through it (a TRL whose chunked head has another interface, or
     whose scoring pass computes the full logits) warns once that TRL's head was used."""
-    reason = unsupported()
+    reason = chunked_head_unsupported()
     if reason is not None:
         yield
         _used_trls_head(reason)

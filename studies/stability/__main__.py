@@ -2,18 +2,20 @@
 
 Run from the repository root::
 
-    python benchmarks/stability.py --out runs/study         # the full sweep (docs/study.md)
-    python benchmarks/stability.py --methods grpo_wide,gmpo --lr 5e-3 --seeds 0,1,2 \\
-        --steps 100 --out runs/mine                          # any subset
-    python benchmarks/stability.py --quick --out runs/quick  # a smoke run (CI), under a minute
+    python -m studies.stability --out runs/study         # the full sweep (docs/study.md)
+    python -m studies.stability --methods grpo_wide,gmpo --lr 5e-3 --seeds 0,1,2 \\
+        --steps 100 --out runs/mine                       # any subset
+    python -m studies.stability --quick --out runs/quick  # a smoke run (CI), under a minute
 
-A tiny causal transformer (``_study_model.py``) learns to reverse a string of 16 digits
-(``gmpo_trl.reverse``): a supervised warm start on noisy demonstrations per seed, then RL from
-it with each method (``_study_methods.py``) at each learning rate, without and with gradient
-clipping, on each seed (``_study_run.py``). Writes to ``--out``: ``summary.json`` (one record per
-run), ``summary.md`` (collapse counts, means ± std and medians, the sign tests: rules in
-``_study_report.py``), ``curves.jsonl`` (every run's per-step metrics), ``stability.png``, and
-the caches ``warm/`` and ``runs/`` (a rerun reuses a run whose setup is unchanged).
+A tiny causal transformer (``model.py``) learns to reverse a string of 16 digits
+(``gmpo_tasks.reverse``): a supervised warm start on noisy demonstrations per seed
+(``gmpo_tasks.warm_start``), then RL from it with each method (``gmpo_tasks.variants.METHODS``)
+at each learning rate, without and with gradient clipping, on each seed (``run.py``). Writes to
+``--out``: ``summary.json`` (one record per run), ``summary.md`` (collapse counts, means ± std
+and medians, the sign tests: rules in ``gmpo_tasks.rules``, tables in ``report.py``),
+``curves.jsonl`` (every run's per-step metrics), ``invocations.jsonl`` (the cost of each
+invocation), ``stability.png``, and the caches ``warm/`` and ``runs/`` (a rerun reuses a run
+whose setup is unchanged).
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from gmpo_tasks.rules import DROP, WINDOW, collapse
 from gmpo_tasks.variants import METHODS
 from studies.stability.plot import plot
-from studies.stability.report import DROP, WINDOW, collapse, tables
+from studies.stability.report import tables
 from studies.stability.run import Setup, init_worker, run_job, warm_job
 
 # the learning rates in run order: the stress point first, then outward (a sweep cut short has
@@ -201,7 +204,7 @@ def main(argv: list[str]) -> int:
     inv = invocations(out)
     inv_wall, inv_cpu = sum(i["wall_s"] for i in inv), sum(i["cpu_s"] for i in inv)
     cpu_warm = sum(w["cpu_s"] for w in warm.values())
-    command = shlex.join(["python", "benchmarks/stability.py", *argv])
+    command = shlex.join(["python", "-m", "studies.stability", *argv])
     head = [
         "# Stability study: GRPO against GMPO on reversing digits", "",
         f"Command: `{command}`", "",

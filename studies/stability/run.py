@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from gmpo_tasks.variants import METHODS
-from studies.stability.model import TinyLM, completion_logps, sample
 
-from gmpo_tasks.reverse import ReverseTask, decode, encode
+from gmpo_tasks.reverse import CELL, ReverseTask, decode, encode
+from gmpo_tasks.variants import METHODS
+from gmpo_tasks.warm_start import WARM, WarmStart
+from gmpo_tasks.warm_start import warm_start as supervised
+from studies.stability.model import TinyLM, completion_logps, sample
 
 STD_EPS = 1e-4  # TRL's group-normalization epsilon
 
@@ -30,14 +32,14 @@ class Setup:
 
     length: int = 16  # digits to reverse
     noise: float = 0.1  # demonstrations: probability of replacing a target digit
-    warm_steps: int = 400  # supervised steps of the warm start
-    warm_batch: int = 64
-    warm_lr: float = 3e-3
-    prompts: int = 16  # prompts per RL step
-    group: int = 8  # completions per prompt
-    minibatches: int = 8  # updates per epoch over a step's batch
-    epochs: int = 2  # passes over a step's batch
-    steps: int = 100  # RL steps (rollouts)
+    warm_steps: int = WARM.steps  # supervised steps of the warm start
+    warm_batch: int = WARM.batch
+    warm_lr: float = WARM.lr
+    prompts: int = CELL.prompts  # prompts per RL step
+    group: int = CELL.group  # completions per prompt
+    minibatches: int = CELL.minibatches  # updates per epoch over a step's batch
+    epochs: int = CELL.epochs  # passes over a step's batch
+    steps: int = CELL.rollouts  # RL steps (rollouts)
     d: int = 64
     heads: int = 4
     layers: int = 2
@@ -48,6 +50,10 @@ class Setup:
 
     def model(self) -> TinyLM:
         return TinyLM(d=self.d, heads=self.heads, layers=self.layers, max_len=2 * self.length + 1)
+
+    @property
+    def warm(self) -> WarmStart:
+        return WarmStart(steps=self.warm_steps, batch=self.warm_batch, lr=self.warm_lr)
 
     def warm_key(self) -> str:
         """What the warm start depends on (a cache file name)."""
@@ -75,15 +81,12 @@ def warm_start(setup: Setup, seed: int) -> dict[str, Any]:
     cpu0 = time.process_time()
     torch.manual_seed(seed)
     model = setup.model()
-    opt = torch.optim.Adam(model.parameters(), lr=setup.warm_lr)
-    task = setup.task
-    for step in range(setup.warm_steps):
-        demos = task.demonstrations(setup.warm_batch, seed=f"{seed}:{step}")
+
+    def batch_loss(demos: list[tuple[str, str]]) -> torch.Tensor:
         prompts, targets = _ids([p for p, _ in demos]), _ids([c for _, c in demos])
-        loss = -completion_logps(model, prompts, targets).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        return -completion_logps(model, prompts, targets).mean()
+
+    supervised(model.parameters(), batch_loss, setup.task, seed, setup.warm)
     reward, entropy = evaluate(model, setup, seed)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return {"state": state, "reward": reward, "entropy": entropy,

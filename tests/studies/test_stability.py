@@ -1,10 +1,10 @@
-"""benchmarks/stability.py: the collapse rule, the sign test, the methods, determinism, and the
-schema of a ``--quick`` run's summary.json."""
+"""studies/stability: the group advantages, determinism of the warm start and the runs, and the
+schema of a ``--quick`` run's summary.json (the rules: tests/tasks/test_rules.py; the methods:
+tests/tasks/test_variants.py)."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -14,97 +14,15 @@ import numpy as np
 import pytest
 import torch
 
-from gmpo_core import reference
+from studies.stability.run import Setup, group_advantages, rl_run, warm_start
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))  # the study's modules sit beside the script
-
-from gmpo_tasks.variants import METHODS  # noqa: E402
-from studies.stability.report import collapse, paired, pooled, sign_test_p  # noqa: E402
-from studies.stability.run import Setup, group_advantages, rl_run, warm_start  # noqa: E402
 
 RECORD_KEYS = {
     "method": str, "lr": float, "seed": int, "grad_clip": (float, type(None)),
     "final_reward": float, "peak_reward": float, "collapsed": bool, "max_grad_norm": float,
     "log_ratio_min": float, "log_ratio_max": float, "entropy_end": float, "cpu_s": float,
 }  # fmt: skip
-
-
-def test_collapse_rule_on_a_made_up_curve() -> None:
-    # 20 steps at 0.2, 30 at 0.9, 50 at 0.5: the best 20-step mean is 0.9 (inside the plateau),
-    # the final 20-step mean 0.5; 0.9 - 0.5 = 0.4 >= 0.3: collapsed
-    curve = [0.2] * 20 + [0.9] * 30 + [0.5] * 50
-    c = collapse(curve)
-    assert (c.final, c.peak, c.collapsed) == (pytest.approx(0.5), pytest.approx(0.9), True)
-    # ending at 0.65 is 0.25 below the peak: not collapsed
-    assert not collapse([0.2] * 20 + [0.9] * 30 + [0.65] * 50).collapsed
-    # exactly 0.3 below counts (at least 0.3)
-    assert collapse([0.8] * 20 + [0.5] * 20).collapsed
-    # a peak shorter than the window is averaged with its neighbours: 10 steps at 1.0 amid 0.4
-    # give a best window of (10 * 1.0 + 10 * 0.4) / 20 = 0.7, 0.3 above the final 0.4
-    spike = [0.4] * 30 + [1.0] * 10 + [0.4] * 30
-    assert collapse(spike).peak == pytest.approx(0.7) and collapse(spike).collapsed
-    # a rising run never collapses; a short curve is its own window
-    assert not collapse([i / 100 for i in range(100)]).collapsed
-    assert collapse([0.9, 0.1], window=20).final == pytest.approx(0.5)
-    with pytest.raises(ValueError):
-        collapse([])
-
-
-def test_sign_test_against_a_value_worked_out_by_hand() -> None:
-    # 7 wins, 1 loss: P(X >= 7), X ~ Bin(8, 1/2) = (C(8,7) + C(8,8)) / 2^8 = (8 + 1) / 256
-    assert sign_test_p(7, 1) == pytest.approx(9 / 256)
-    # 5 wins, 0 losses: 1 / 32; no pairs: p = 1
-    assert sign_test_p(5, 0) == pytest.approx(1 / 32)
-    assert sign_test_p(0, 0) == 1.0
-
-
-def test_pairs_are_matched_on_seed_and_cell_and_ties_dropped() -> None:
-    def rec(method: str, lr: float, clip: float | None, seed: int, final: float) -> dict:
-        return {"method": method, "lr": lr, "grad_clip": clip, "seed": seed,
-                "final_reward": final}  # fmt: skip
-
-    records = [
-        rec("gmpo", 1e-3, None, 0, 0.9), rec("grpo", 1e-3, None, 0, 0.1),  # win
-        rec("gmpo", 1e-3, None, 1, 0.2), rec("grpo", 1e-3, None, 1, 0.3),  # loss
-        rec("gmpo", 1e-3, 1.0, 0, 0.0), rec("grpo", 1e-3, 1.0, 0, 0.0),  # tie
-        rec("gmpo", 1e-3, 1.0, 1, 0.5), rec("grpo", 1e-3, 1.0, 2, 0.1),  # no pair: other seeds
-        rec("gmpo_noclip", 1e-3, None, 0, 0.0),
-    ]  # fmt: skip
-    per_cell = paired(records, "gmpo", "grpo")
-    assert per_cell == {(1e-3, None): (1, 1, 0), (1e-3, 1.0): (0, 0, 1)}
-    assert pooled(per_cell) == (1, 1, 1) and pooled(per_cell).p == pytest.approx(0.75)
-
-
-# each study method against the independent float64 reference of the same variant
-REFERENCE = {
-    "grpo": dict(variant="grpo_arithmetic", epsilon=0.2),
-    "grpo_wide": dict(variant="grpo_arithmetic", epsilon=-math.expm1(-0.4),
-                      epsilon_high=math.expm1(0.4)),
-    "gmpo": dict(variant="token_clip", epsilon=0.4),
-    "gmpo_narrow": dict(variant="token_clip", epsilon=0.2),
-    "gmpo_noclip": dict(variant="no_clip"),
-    "gmpo_seqclip": dict(variant="sequence_clip", epsilon=0.4),
-}  # fmt: skip
-
-
-@pytest.mark.parametrize("method", sorted(METHODS))
-def test_methods_match_the_reference(method: str) -> None:
-    assert set(REFERENCE) == set(METHODS)
-    g = torch.Generator().manual_seed(0)
-    b, t = 12, 7
-    logp = -torch.rand(b, t, generator=g, dtype=torch.float64) * 3
-    old = logp + 0.6 * torch.randn(b, t, generator=g, dtype=torch.float64)  # the clip acts
-    adv = torch.randn(b, generator=g, dtype=torch.float64)
-    adv[0] = 0.0
-    mask = torch.arange(t)[None, :] < torch.randint(0, t + 1, (b,), generator=g)[:, None]
-    loss, clipped = METHODS[method].loss(logp, old, adv, mask)
-    want = reference.variant_loss(logp.numpy(), old.numpy(), adv.numpy(), mask.numpy(),
-                                  **REFERENCE[method])  # fmt: skip
-    assert float(loss) == pytest.approx(float(want), rel=1e-10, abs=1e-12)
-    assert 0.0 <= float(clipped) <= 1.0
-    if method != "gmpo_noclip":
-        assert float(clipped) > 0  # with this drift some token is clipped
 
 
 def test_group_advantages() -> None:
@@ -135,9 +53,8 @@ def test_warm_start_and_runs_are_deterministic() -> None:
 
 def test_quick_run_writes_the_summary_schema(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'adapters'}"}
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "stability.py"), "--quick", "--out",
-           str(tmp_path)]  # fmt: skip
-    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=300)
+    cmd = [sys.executable, "-m", "studies.stability", "--quick", "--out", str(tmp_path)]
+    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=300, cwd=ROOT)
     records = json.loads((tmp_path / "summary.json").read_text())
     assert {(r["method"], r["seed"]) for r in records} == {
         (m, s) for m in ("grpo", "gmpo") for s in (0, 1)
@@ -155,7 +72,7 @@ def test_quick_run_writes_the_summary_schema(tmp_path: Path) -> None:
     assert len((tmp_path / "curves.jsonl").read_text().splitlines()) == 4
     # a subset reruns from the cache: the same numbers, nothing recomputed
     sub = subprocess.run([*cmd, "--methods", "gmpo", "--seeds", "1"], check=True, env=env,
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
     again = json.loads((tmp_path / "summary.json").read_text())
     assert again == [r for r in records if (r["method"], r["seed"]) == ("gmpo", 1)]
     assert "0 s CPU computed" in sub.stdout

@@ -1,4 +1,4 @@
-"""gmpo_trl.reverse: the reverse-digits task, its reward and its warm-start demonstrations."""
+"""gmpo_tasks.reverse: the reverse-digits task, its reward and its warm-start demonstrations."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from gmpo_tasks.reverse import ReverseTask
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_import_loads_neither_trl_nor_transformers() -> None:
+def test_import_loads_neither_trl_nor_transformers_nor_torch() -> None:
     code = (
-        "import json, sys; import gmpo_trl.reverse; "
-        "print(json.dumps(sorted(m for m in ('trl', 'transformers') if m in sys.modules)))"
+        "import json, sys; import gmpo_tasks.registry; "
+        "print(json.dumps(sorted(m for m in ('trl', 'transformers', 'torch') if m in sys.modules)))"
     )
     env_path = f"{ROOT}:{ROOT / 'adapters'}"
     out = subprocess.run(

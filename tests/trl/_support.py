@@ -12,9 +12,12 @@ from typing import Any
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from gmpo_trl import GMPOConfig, GMPOTrainer, toy
+from gmpo_tasks import successor as toy
+from gmpo_tasks.chars import char_tokenizer
+from gmpo_tasks.models import qwen2_model
+from gmpo_trl import GMPOConfig, GMPOTrainer
 
-TOKENIZER = toy.char_tokenizer()
+TOKENIZER = char_tokenizer()
 
 
 def make_trainer(
@@ -32,7 +35,7 @@ def make_trainer(
     if config_cls is GMPOConfig:
         overrides.setdefault("gmpo_impl", "plain")
     args = config_cls(**toy.toy_args(str(tmp), **overrides))
-    model = model if model is not None else toy.tiny_model(TOKENIZER, seed=0)
+    model = model if model is not None else qwen2_model(TOKENIZER, seed=0)
     if args.beta != 0 and not model.config._name_or_path:
         # GRPOTrainer loads the reference model from the policy's path: give it one
         path = Path(tmp) / f"init-{type(model).__name__}"

@@ -197,9 +197,9 @@ def test_help_defaults_are_gmpoconfigs():
     import dataclasses
 
     from gmpo_trl import GMPOConfig
-    from gmpo_trl.cli.help import short_help
     from gmpo_trl.cli.defaults import COMMON_TRL_OPTIONS
-    from gmpo_trl.fields import OPTIONS
+    from gmpo_trl.cli.help import short_help
+    from gmpo_trl.fields import GMPO_FIELDS as OPTIONS
 
     declared = {f.name: f for f in dataclasses.fields(GMPOConfig)}
     for name, (_, default, _) in COMMON_TRL_OPTIONS.items():
@@ -237,15 +237,17 @@ def test_help_all_lists_every_option(capsys):
 def test_no_accelerator_means_cpu(tmp_path, capsys):
     """With --model and no GPU: use_cpu and no bf16 without a flag (GRPOConfig would refuse
     bf16 on a CPU); the run trains a local model directory."""
-    from gmpo_trl import GMPOConfig, toy
+    from gmpo_tasks.chars import char_tokenizer
+    from gmpo_tasks.models import qwen2_model
+    from gmpo_trl import GMPOConfig
     from gmpo_trl.cli.defaults import has_accelerator
     from gmpo_trl.cli.parsing import parse
 
     if has_accelerator():
         pytest.skip("an accelerator is present")
     model_dir = tmp_path / "model"
-    tokenizer = toy.char_tokenizer()
-    toy.tiny_model(tokenizer, seed=0).save_pretrained(model_dir)
+    tokenizer = char_tokenizer()
+    qwen2_model(tokenizer, seed=0).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     config = parse("train", ["--model", str(model_dir), "--output_dir", str(tmp_path)]).config(
         GMPOConfig
@@ -360,7 +362,7 @@ def _configs_parsed_twice(argv: list[str]) -> tuple[object, object]:
     from trl import GRPOConfig, TrlParser
 
     from gmpo_trl import GMPOConfig
-    from gmpo_trl.cli.compare import CompareArguments
+    from gmpo_trl.cli.arguments import CompareArguments
     from gmpo_trl.cli.defaults import run_defaults
 
     probe = argparse.ArgumentParser(add_help=False)
@@ -443,7 +445,7 @@ def test_compare_gmpo_only_options_reach_gmpo_only(tmp_path):
 
     from gmpo_trl.cli.compare import configs
     from gmpo_trl.cli.parsing import parse
-    from gmpo_trl.fields import OPTIONS
+    from gmpo_trl.fields import GMPO_FIELDS as OPTIONS
 
     (tmp_path / "run.yaml").write_text("gmpo_impl: compiled\n")
     argv = ["--config", str(tmp_path / "run.yaml"), "--gmpo_lm_head", "false", "--output_dir",

@@ -1,6 +1,6 @@
-"""``gmpo train --task reverse`` and ``gmpo compare --task reverse``: the reverse task through
-TRL's trainer (tiny settings: a 3-step warm start, 2 optimizer steps), the task option's
-errors, and the collapse rule of the compare table."""
+"""The built-in tasks through the ``gmpo`` command: ``gmpo train --task reverse`` and ``gmpo
+compare --task reverse`` (tiny settings: a 3-step warm start, 2 optimizer steps), the task
+option's errors, the registry the command reads, and the collapse rule in the compare table."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ import pytest
 
 pytest.importorskip("trl")
 
-from gmpo_trl.cli import main, runs
-from gmpo_trl.cli.reports import collapse, compare_table, read_metrics
+from gmpo_tasks import reverse
+from gmpo_tasks.registry import TASKS
 from gmpo_tasks.reverse import ReverseTask
+from gmpo_tasks.warm_start import WarmStart
+from gmpo_trl.cli import main, runs
+from gmpo_trl.cli.reports import compare_table, read_metrics, run_summary
 
 pytestmark = pytest.mark.trl
 
@@ -22,11 +25,9 @@ TINY = ["--max_steps", "2", "--logging_steps", "1"]
 
 @pytest.fixture
 def short_warm_start(monkeypatch):
-    """A 3-step warm start, and a fresh task (its warm starts are cached per process)."""
-    monkeypatch.setattr(runs, "WARM_STEPS", 3)
-    runs.named_task.cache_clear()
-    yield
-    runs.named_task.cache_clear()
+    """A 3-step warm start, and no warm start computed yet (they are cached per process)."""
+    monkeypatch.setattr(reverse, "WARM_START", WarmStart(steps=3))
+    monkeypatch.setattr(reverse, "_WARM_STATES", {})
 
 
 def test_train_reverse_end_to_end(tmp_path, capsys, short_warm_start):
@@ -93,43 +94,22 @@ def test_unknown_task_is_one_line(tmp_path, capsys, where):
     assert not (tmp_path / "out").exists()
 
 
-def test_collapse_rule_on_a_made_up_curve():
-    # 20 x 0.1, 20 x 0.9, 20 x 0.5: peak 0.9 (steps 21-40), final 0.5: a drop of 0.4 >= 0.3
-    curve = [0.1] * 20 + [0.9] * 20 + [0.5] * 20
-    assert collapse(curve) == pytest.approx(
-        {"reward_final20": 0.5, "reward_peak20": 0.9, "collapsed": True}
+def test_a_run_is_judged_for_collapse_from_40_logged_rewards():
+    """run_summary applies gmpo_tasks.rules.collapse (tests/tasks/test_rules.py) to runs with at
+    least 2 x 20 logged rewards, and says nothing of shorter ones."""
+
+    def rows(curve):
+        return [{"step": i + 1, "reward": r} for i, r in enumerate(curve)]
+
+    s = run_summary(rows([0.1] * 20 + [0.9] * 20 + [0.5] * 20), 60)
+    assert (s["reward_final20"], s["reward_peak20"], s["collapsed"]) == (
+        pytest.approx(0.5),
+        pytest.approx(0.9),
+        True,
     )
-    # a drop of exactly 0.3 (0.5 -> 0.2) is one ("at least 0.3 below")
-    assert collapse([0.5] * 20 + [0.2] * 20)["collapsed"] is True
-    # ... ending at 0.65 instead: a drop of 0.25 is not a collapse
-    assert collapse([0.1] * 20 + [0.9] * 20 + [0.65] * 20)["collapsed"] is False
-    with pytest.raises(ValueError, match="fewer than the window"):
-        collapse([0.5] * 19)
-
-
-def test_collapse_is_the_studys_rule(monkeypatch):
-    """gmpo_trl.cli.reports.collapse and benchmarks/_study_report.py's: one rule, two copies
-    (the adapter does not import the benchmarks)."""
-    import random
-    from pathlib import Path
-
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from _study_report import collapse as study_collapse
-
-    rng = random.Random(0)
-    seen = set()
-    for n in (40, 57, 100):
-        for _ in range(50):  # noisy curves that drop from a random level at a random step
-            high, low, cut = rng.random(), rng.random(), rng.randrange(n)
-            curve = [(high if i < cut else low) * rng.uniform(0.5, 1.0) for i in range(n)]
-            mine, theirs = collapse(curve), study_collapse(curve)
-            assert (mine["reward_final20"], mine["reward_peak20"], mine["collapsed"]) == (
-                pytest.approx(theirs.final),
-                pytest.approx(theirs.peak),
-                theirs.collapsed,
-            )
-            seen.add(mine["collapsed"])
-    assert seen == {True, False}
+    assert run_summary(rows([0.5] * 20 + [0.2] * 20), 40)["collapsed"] is True  # exactly 0.3
+    assert run_summary(rows([0.1] * 20 + [0.9] * 20 + [0.65] * 20), 60)["collapsed"] is False
+    assert "collapsed" not in run_summary(rows([0.9] * 20 + [0.1] * 19), 39)
 
 
 def test_compare_table_counts_collapsed_runs():
@@ -145,6 +125,6 @@ def test_compare_table_counts_collapsed_runs():
 
 
 def test_reverse_task_is_the_study_task():
-    assert runs.named_task("reverse") is runs.named_task("reverse")
+    assert list(TASKS) == ["successor", "reverse"]  # the first is the default
     prompts = ReverseTask().prompts(4, seed="train:0")
-    assert runs.named_task("reverse").dataset(0)["prompt"][:4] == prompts
+    assert TASKS["reverse"].dataset(0)["prompt"][:4] == prompts

@@ -1,4 +1,4 @@
-"""gmpo_trl.reverse_trl: the reverse task's model, warm start, dataset and trainer arguments,
+"""gmpo_tasks.reverse: the reverse task's model, warm start, dataset and trainer arguments,
 and one rollout of GMPOTrainer on it (16 optimizer steps on one generation)."""
 
 from __future__ import annotations
@@ -9,16 +9,17 @@ import pytest
 
 pytest.importorskip("trl")
 
-from gmpo_trl import GMPOConfig, GMPOTrainer
-from gmpo_tasks.reverse import ReverseTask, reward
-from gmpo_tasks.warm_start import (
+from gmpo_tasks.reverse import (
+    ReverseTask,
     reverse_args,
     reverse_dataset,
     reverse_model,
-    sampled_reward,
+    reward,
     warm_model,
-    warm_start,
 )
+from gmpo_tasks.warm_start import WarmStart, sampled_reward
+from gmpo_tasks.warm_start import warm_start_hf as warm_start
+from gmpo_trl import GMPOConfig, GMPOTrainer
 
 pytestmark = pytest.mark.trl
 
@@ -28,15 +29,17 @@ TASK = ReverseTask(length=4)
 def test_warm_start_learns_the_demonstrations_and_is_seeded() -> None:
     tok, model = reverse_model(TASK, seed=0)
     assert set("0123456789=abcde") <= set(tok.get_vocab())
-    losses = warm_start(model, tok, TASK, steps=60, batch=32, seed=0)
+    losses = warm_start(model, tok, TASK, seed=0, settings=WarmStart(steps=60, batch=32))
     assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:5]) / 5
     tok2, model2 = reverse_model(TASK, seed=0)
-    assert warm_start(model2, tok2, TASK, steps=3, batch=8, seed=0) == warm_start(
-        reverse_model(TASK, seed=0)[1], tok2, TASK, steps=3, batch=8, seed=0
+    assert warm_start(
+        model2, tok2, TASK, seed=0, settings=WarmStart(steps=3, batch=8)
+    ) == warm_start(
+        reverse_model(TASK, seed=0)[1], tok2, TASK, seed=0, settings=WarmStart(steps=3, batch=8)
     )
     assert 0.0 <= sampled_reward(model, tok, TASK, n=16) <= 1.0
-    m1, _ = warm_model(TASK, 3, steps=2)
-    m2, _ = warm_model(TASK, 3, steps=2)
+    m1, _ = warm_model(TASK, 3, settings=WarmStart(steps=2))
+    m2, _ = warm_model(TASK, 3, settings=WarmStart(steps=2))
     assert all(a.equal(b) for a, b in zip(m1.parameters(), m2.parameters(), strict=True))
 
 
@@ -52,7 +55,7 @@ def test_dataset_and_arguments_give_the_study_setting(tmp_path: Path) -> None:
 
 def test_one_rollout_of_gmpo_on_the_task(tmp_path: Path) -> None:
     tok, model = reverse_model(TASK, seed=0)
-    warm_start(model, tok, TASK, steps=40, batch=32, seed=0)
+    warm_start(model, tok, TASK, seed=0, settings=WarmStart(steps=40, batch=32))
     args = GMPOConfig(**reverse_args(str(tmp_path), TASK, rollouts=1, gmpo_impl="plain"))
     trainer = GMPOTrainer(
         model=model,

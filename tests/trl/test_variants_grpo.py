@@ -1,4 +1,4 @@
-"""The stability study's ``grpo`` and ``grpo_wide`` (benchmarks/_study_methods.py) are TRL's
+"""The stability study's ``grpo`` and ``grpo_wide`` (gmpo_tasks.variants) are TRL's
 ``loss_type="grpo"``: same loss and same gradient as GRPOTrainer's own loss step on one batch.
 
 TRL's side runs ``GRPOTrainer._compute_loss`` (its code path, not a transcription of it) on
@@ -9,7 +9,6 @@ study's side gets the trainer's own log-probs and the same old log-probs and adv
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,10 +17,8 @@ pytest.importorskip("trl")
 
 import torch
 
-from tests.trl._support import GRPOConfig, GRPOTrainer, loss_and_grad, make_inputs, make_trainer
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from gmpo_tasks.variants import METHODS
+from tests.trl._support import GRPOConfig, GRPOTrainer, loss_and_grad, make_inputs, make_trainer
 
 pytestmark = pytest.mark.trl
 

@@ -21,14 +21,16 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from gmpo_trl.cli.defaults import COMMANDS, USAGE, CLIError
+from gmpo_trl.cli.commands import COMMANDS, USAGE
+from gmpo_trl.cli.errors import CLIError
 
-# The package: ``options`` (what each command accepts, the defaults of a run; no TRL import),
-# ``help`` (``--help`` from those tables), ``parsing`` (argv and --config to a ``Parsed``, once),
-# ``checks`` (model, dataset, rewards, counts, output directory: before any work), ``runs`` (the
-# trainer of one run and its outputs), ``callbacks``, ``reports`` and ``plots`` (pure functions of
-# the logged rows), and one module per command, ``train`` and ``compare``, each with its
-# ``main(parsed)``.
+# The package: ``commands`` (the command registry), ``arguments`` (each command's own arguments),
+# ``defaults`` (the defaults of a run; no TRL import), ``help`` (``--help`` from those tables),
+# ``parsing`` (argv and --config to a ``Parsed``, once), ``checks`` (model, dataset, rewards,
+# counts, output directory: before any work), ``runs`` (the trainer of one run and its outputs),
+# ``callbacks``, ``reports`` and ``plots`` (pure functions of the logged rows), and one module per
+# command, ``train`` and ``compare``, each with its ``main(parsed)``. The built-in tasks are
+# ``gmpo_tasks.registry.TASKS``.
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -40,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         print(
-            f"gmpo: error: unknown command {command!r} (choose from train, compare)",
+            f"gmpo: error: unknown command {command!r} (choose from {', '.join(COMMANDS)})",
             file=sys.stderr,
         )
         return 2
@@ -57,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from gmpo_trl.cli.parsing import parse
 
     try:
-        importlib.import_module(f"gmpo_trl.cli.{command}").main(parse(command, rest))
+        importlib.import_module(COMMANDS[command].module).main(parse(command, rest))
     except CLIError as err:
         print(f"gmpo {command}: error: {err}", file=sys.stderr)
         return 2

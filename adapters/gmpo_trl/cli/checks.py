@@ -1,7 +1,7 @@
 """What the user named, checked before any work is done: the model, the dataset and the reward
 functions (:func:`check_inputs`), and the config values that TRL takes as given until deep in
-the run or after it (:func:`check_counts`, :func:`check_config`): each failure is one line
-(:class:`~gmpo_trl.cli.options.CLIError`)."""
+the run or after it (:func:`check_counts`, :func:`check_run`): each failure is one line
+(:class:`~gmpo_trl.cli.errors.CLIError`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gmpo_trl.cli.defaults import TASKS, CLIError
+from gmpo_tasks.registry import get_task
+from gmpo_trl.cli.errors import CLIError
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
@@ -105,8 +106,10 @@ def load_dataset(spec: str, split: str) -> Any:
 
 def check_inputs(script: Any) -> None:
     """What the user named (task, model, dataset, rewards) before any work is done."""
-    if script.task not in TASKS:  # the command line's choices; a --config file's value lands here
-        raise CLIError(f"--task must be one of {', '.join(TASKS)}, got {script.task!r}")
+    try:  # the command line's choices; a --config file's value lands here
+        get_task(script.task)
+    except ValueError as err:
+        raise CLIError(str(err)) from err
     if script.model is not None:
         check_model(script.model)
     if script.dataset is not None:
@@ -136,7 +139,7 @@ def check_counts(values: dict[str, Any]) -> None:
             raise CLIError(f"--{name} must be an integer >= 1, got {value!r}")
 
 
-def check_config(config: Any) -> None:
+def check_run(config: Any) -> None:
     """What TRL checks only once the run is under way (or never): the learning rate, and an
     output directory that cannot be one."""
     lr = config.learning_rate

@@ -10,30 +10,16 @@ GRPOConfig's) with GRPO's loss and clip forced.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gmpo_tasks.rules import DROP, WINDOW
 from gmpo_trl.cli.checks import check_inputs
-from gmpo_trl.cli.defaults import CLIError
+from gmpo_trl.cli.errors import CLIError
 from gmpo_trl.cli.parsing import Parsed
 from gmpo_trl.cli.plots import log_clip_range, plot_compare
-from gmpo_trl.cli.reports import COLLAPSE_DROP, COLLAPSE_WINDOW, FINAL_STEPS, compare_table
+from gmpo_trl.cli.reports import FINAL_STEPS, JUDGED_FROM, compare_table
 from gmpo_trl.cli.runs import quiet, run
-from gmpo_trl.cli.train import ScriptArguments
-
-
-@dataclass
-class CompareArguments(ScriptArguments):
-    """``gmpo compare``'s own options."""
-
-    grpo_epsilon: float = field(
-        default=0.2, metadata={"help": "GRPO's clip epsilon (ratio space: 1 ± epsilon)."}
-    )
-    seeds: int = field(
-        default=1,
-        metadata={"help": "Train each method on this many seeds (seed, seed + 1, ...)."},
-    )
 
 
 def configs(parsed: Parsed) -> tuple[Any, Any]:
@@ -93,9 +79,9 @@ def main(parsed: Parsed) -> Path:
         "optimizer steps); log-ratio "
         "min/max: the extremes of r = logp - old_logp over the run's off-policy steps; mean "
         "step width: the mean over those steps of (max - min); mean ± sample std over seeds. "
-        f"Final (20) / peak (20): the last / largest mean of {COLLAPSE_WINDOW} consecutive "
-        f"logged rewards; collapsed: final (20) at least {COLLAPSE_DROP} below peak (20), the "
-        f"rule of docs/study.md (runs with at least {2 * COLLAPSE_WINDOW} logged rewards)."
+        f"Final (20) / peak (20): the last / largest mean of {WINDOW} consecutive "
+        f"logged rewards; collapsed: final (20) at least {DROP} below peak (20), the "
+        f"rule of docs/study.md (runs with at least {JUDGED_FROM} logged rewards)."
     )
     (base / "summary.md").write_text(f"{settings}\n\n{table}\n\n{note}\n")
     (base / "summary.json").write_text(

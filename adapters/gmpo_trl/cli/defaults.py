@@ -1,24 +1,19 @@
-"""What the commands share before TRL is imported: the error type, the TRL options ``--help``
-shows, and the defaults of a run (the toy run's, each command's, the CPU's).
+"""What the commands share before TRL is imported: the TRL options ``--help`` shows, and the
+defaults of a run (the built-in task's, each command's, the CPU's).
 
 A run's values, lowest precedence first: the config dataclass's defaults, the CPU defaults (no
-accelerator: ``use_cpu``, no ``bf16``), the toy defaults (no ``--model``), the command's own
-defaults, the YAML file (``--config``), the command line, and what a command forces (``compare``'s
-GRPO loss and clip). :func:`run_defaults` is the middle three.
+accelerator: ``use_cpu``, no ``bf16``), the built-in task's (no ``--model``:
+``gmpo_tasks.registry.TASKS``), the command's own defaults, the YAML file (``--config``), the
+command line, and what a command forces (``compare``'s GRPO loss and clip).
+:func:`run_defaults` is the middle three.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-TASKS = ("successor", "reverse")  # the built-in tasks (--task); the toy run's is the first
-USAGE = "usage: gmpo {train,compare} [-h] [--help-all] [--model PATH_OR_HUB_ID] [options]"
-COMMANDS = ("train", "compare")
-
-
-class CLIError(Exception):
-    """A user error: reported as one line, no traceback."""
-
+from gmpo_tasks.registry import TASKS, get_task
+from gmpo_trl.cli.errors import CLIError
 
 #: The TRL (GRPOConfig / TrainingArguments) options most runs set, with the default a run with
 #: --model gets. Listed here so that ``--help`` needs no TRL import (seconds);
@@ -49,37 +44,21 @@ def default_output_dir(command: str) -> str:
     return f"gmpo_{command}_output"
 
 
-def toy_defaults(output_dir: str) -> dict[str, Any]:
-    """The config values of the built-in toy run (no --model)."""
-    from gmpo_tasks import successor as toy
-
-    return toy.toy_args(
-        output_dir,
-        disable_tqdm=False,
-        # two optimizer steps per generation, two passes over each batch: updates are off-policy,
-        # so the trust region acts and the log-ratio plot shows something (on-policy, r = 0)
-        num_iterations=2,
-        steps_per_generation=2,
-    )
-
-
-#: the reverse task's run (--task reverse, no --model): 100 generations of 16 prompts x 8
-#: completions, 16 optimizer steps on each, no gradient clipping, at the learning rate where the
-#: study (docs/study.md) separates the methods most (reverse_args: 2e-3)
-REVERSE_ROLLOUTS = 100
-
-
-def reverse_defaults(output_dir: str) -> dict[str, Any]:
-    """The config values of the built-in reverse run (``--task reverse``, no --model)."""
-    from gmpo_tasks.reverse import ReverseTask
-    from gmpo_tasks.warm_start import reverse_args
-
-    return reverse_args(output_dir, ReverseTask(), rollouts=REVERSE_ROLLOUTS, disable_tqdm=False)
+def task_defaults(task: str, output_dir: str) -> dict[str, Any]:
+    """The config values of a built-in task's run (no --model): the task's, with the progress
+    bar on."""
+    try:
+        builtin = get_task(task)
+    except ValueError as err:  # a --config file's value, which argparse's choices do not see
+        raise CLIError(str(err)) from err
+    return {**builtin.trainer_args(output_dir), "disable_tqdm": False}
 
 
 def toy_settings(command: str) -> dict[str, Any]:
-    """The GMPOConfig values of the built-in toy run (no --model), beyond output_dir."""
-    args = {**toy_defaults(default_output_dir(command)), **COMMAND_DEFAULTS.get(command, {})}
+    """The GMPOConfig values of the built-in toy run (the first task, no --model), beyond
+    output_dir."""
+    toy = task_defaults(next(iter(TASKS)), default_output_dir(command))
+    args = {**toy, **COMMAND_DEFAULTS.get(command, {})}
     skip = {"output_dir", "report_to", "disable_tqdm", "save_strategy"}
     return {k: v for k, v in args.items() if k not in skip}
 
@@ -98,15 +77,15 @@ def has_accelerator() -> bool:
 
 
 def run_defaults(
-    command: str, *, model: str | None, output_dir: str | None, task: str = TASKS[0]
+    command: str, *, model: str | None, output_dir: str | None, task: str | None = None
 ) -> dict[str, Any]:
     """The values a run gets unless the user sets them: the CPU defaults without an accelerator,
-    the built-in task's defaults (the toy's, or the reverse task's) without a model, then the
+    the built-in task's defaults (``task``, by default the first) without a model, then the
     command's own."""
     out = output_dir or default_output_dir(command)
     base: dict[str, Any] = {"output_dir": out, "report_to": []}
     if not has_accelerator():
         base.update(use_cpu=True, bf16=False)
     if model is None:
-        base.update(reverse_defaults(out) if task == "reverse" else toy_defaults(out))
+        base.update(task_defaults(task or next(iter(TASKS)), out))
     return {**base, **COMMAND_DEFAULTS.get(command, {})}

@@ -1,78 +1,21 @@
 """One training run of a ``gmpo`` command: its trainer (the user's model, dataset and rewards, or
-the built-in task's), the training, and its outputs (``metrics.jsonl``, ``metrics.png``,
-``summary.json``/``summary.md``)."""
+the built-in task's: ``gmpo_tasks.registry.TASKS``), the training, and its outputs
+(``metrics.jsonl``, ``metrics.png``, ``summary.json``/``summary.md``)."""
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gmpo_tasks.registry import get_task
+from gmpo_tasks.task import Task
 from gmpo_trl.cli.callbacks import json_lines, quiet_progress_bar
 from gmpo_trl.cli.checks import check_model, load_dataset, resolve_reward
-from gmpo_trl.cli.defaults import CLIError
+from gmpo_trl.cli.errors import CLIError
 from gmpo_trl.cli.plots import log_clip_range, plot_training
 from gmpo_trl.cli.reports import read_metrics, run_summary, summary_line, summary_markdown
-
-
-@dataclass(frozen=True)
-class Task:
-    """A built-in task: what a run trains on when the user names no dataset, reward or model.
-    ``dataset(seed)`` returns the prompts (a ``datasets.Dataset``), ``reward`` is a TRL reward
-    function, ``model(seed)`` returns ``(model, tokenizer)``."""
-
-    dataset: Callable[[int], Any]
-    reward: Callable[..., list[float]]
-    model: Callable[[int], tuple[Any, Any]]
-
-
-def successor_task() -> Task:
-    """The toy run's task (``gmpo_trl.toy``): a tiny Qwen2-style model learns ``d= -> d + 1``."""
-    from gmpo_tasks import successor as toy
-
-    def model(seed: int) -> tuple[Any, Any]:
-        tokenizer = toy.char_tokenizer()
-        return toy.tiny_model(tokenizer, seed=seed), tokenizer
-
-    return Task(lambda seed: toy.successor_dataset(seed=seed), toy.successor_reward, model)
-
-
-#: the reverse run's supervised warm start (gmpo_trl.reverse_trl.warm_start): Adam steps of 64
-#: noisy demonstrations at this learning rate
-WARM_STEPS, WARM_LR = 400, 3e-3
-
-
-def reverse_task() -> Task:
-    """``--task reverse`` (``gmpo_trl.reverse``): reverse 16 digits, exact-match reward; the model
-    of a seed is warm-started on noisy demonstrations (the same model for every method of a
-    seed: the warm start is computed once per seed and process)."""
-    from gmpo_tasks.reverse import ReverseTask
-    from gmpo_tasks.warm_start import reverse_dataset, reverse_model, sampled_reward, warm_start
-
-    task = ReverseTask()
-    states: dict[int, tuple[dict[str, Any], float]] = {}
-
-    def model(seed: int) -> tuple[Any, Any]:
-        tokenizer, net = reverse_model(task, seed=seed)
-        if seed not in states:
-            losses = warm_start(net, tokenizer, task, steps=WARM_STEPS, lr=WARM_LR, seed=seed)
-            start = sampled_reward(net, tokenizer, task, seed=seed)
-            print(f"warm start (seed {seed}): {WARM_STEPS} supervised steps, loss "
-                  f"{losses[0]:.2f} -> {losses[-1]:.2f}, sampled reward {start:.3f}")  # fmt: skip
-            states[seed] = ({k: v.clone() for k, v in net.state_dict().items()}, start)
-        net.load_state_dict(states[seed][0])
-        return net, tokenizer
-
-    return Task(lambda seed: reverse_dataset(task, seed=seed), task.reward_function(), model)
-
-
-@functools.cache
-def named_task(name: str) -> Task:
-    """The built-in task of ``--task`` (one per process, so that its warm starts are shared)."""
-    return reverse_task() if name == "reverse" else successor_task()
 
 
 def quiet() -> None:
@@ -90,7 +33,7 @@ def quiet() -> None:
 def build_trainer(script: Any, config: Any, trainer_cls: type, task: Task | None = None) -> Any:
     """The trainer for the parsed arguments: ``task``'s parts (``--task``'s by default) where the
     user named no model, dataset or reward."""
-    task = task or named_task(script.task)
+    task = task or get_task(script.task)
     out = Path(config.output_dir)
     rewards = [resolve_reward(r) for r in script.reward] or [task.reward]
     if script.dataset is None:
