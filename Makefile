@@ -46,7 +46,7 @@ bench: setup
 ## LM-head benchmarks), results/study/ (the stability study, also through TRL's trainer) and
 ## docs/img/; about 130 minutes on two cores. Each step is a target of its own; add a page's
 ## commands as a new figures-* target and list it here.
-## `make check-numbers` (and tests/test_doc_numbers.py) checks the pages against the results.
+## `make check-numbers` (and tests/repo/test_doc_numbers.py) checks the pages against the results.
 figures: figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run
 
 SEEDS ?= 5
@@ -88,10 +88,10 @@ figures-bench: setup
 ## summary.json, curves.jsonl) and docs/img/study_stability.png; the runs in runs/figures-study
 ## (a rerun reuses every finished run: delete the directory to start afresh).
 figures-study: setup
-	$(BIN)/python benchmarks/stability.py --curves-lr 2e-3 --out runs/figures-study
+	$(BIN)/python -m studies.stability --curves-lr 2e-3 --out runs/figures-study
 	mkdir -p results/study/all
 	cp runs/figures-study/summary.md runs/figures-study/summary.json results/study/all/
-	$(BIN)/python benchmarks/stability.py --methods grpo,grpo_wide,gmpo --curves-lr 2e-3 \
+	$(BIN)/python -m studies.stability --methods grpo,grpo_wide,gmpo --curves-lr 2e-3 \
 		--out runs/figures-study
 	cp runs/figures-study/summary.md runs/figures-study/summary.json results/study/
 	cp runs/figures-study/curves.jsonl results/study/
@@ -146,8 +146,8 @@ check-numbers:
 ## without saying so in its metadata: the verl 0.8 environment asks for pyarrow < 24.
 PY310 ?= python3.10
 COMPAT_DIR ?= .compat
-COMPAT_CORE_TESTS := tests/test_compat.py tests/test_hand_cases.py tests/test_compile.py \
-	tests/test_validation.py tests/test_reference.py tests/test_properties.py tests/test_transforms.py
+COMPAT_CORE_TESTS := tests/core/test_compat.py tests/core/test_hand_cases.py tests/core/test_compile.py \
+	tests/core/test_validation.py tests/core/test_reference.py tests/core/test_properties.py tests/core/test_transforms.py
 COMPAT_TRL_TESTS := tests/trl/test_compat.py tests/trl/test_config.py \
 	tests/trl/test_lm_head_default.py tests/trl/test_loss_step.py tests/trl/test_training.py
 COMPAT_VERL_TESTS := tests/verl/test_compat.py tests/verl/test_registration.py \

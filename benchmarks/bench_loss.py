@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -148,11 +149,8 @@ def time_shape(shape: tuple[int, int], impls: list[str], repeats: int) -> dict[s
 
 def peak_memory_mib(impl: str, shape: tuple[int, int]) -> float:
     """Peak resident memory of one call over the inputs, in a fresh process (MiB)."""
-    code = (
-        "import sys; sys.path.insert(0, 'benchmarks'); import bench_loss as b; "
-        f"print(b.child_peak({impl!r}, {tuple(shape)!r}))"
-    )
-    env = {**os.environ, **MALLOC_ENV}
+    code = f"import bench_loss as b; print(b.child_peak({impl!r}, {tuple(shape)!r}))"
+    env = {**_with_benchmarks_on_path(), **MALLOC_ENV}
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
@@ -167,9 +165,16 @@ def child_peak(impl: str, shape: tuple[int, int]) -> float:
     return (proc_status_kib("VmHWM") - base) / 1024
 
 
+def _with_benchmarks_on_path() -> dict[str, str]:
+    """This process's environment with this directory first on a child's PYTHONPATH (where
+    ``import bench_loss`` finds this script)."""
+    here = str(Path(__file__).resolve().parent)
+    rest = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": here if not rest else os.pathsep.join((here, rest))}
+
+
 _LOOP = """
 import random, sys, time, torch
-sys.path.insert(0, "benchmarks")
 import bench_loss as b
 from gmpo_core import gmpo_loss
 torch.set_num_threads(1)
@@ -193,7 +198,7 @@ def cold_loop(impl: str, dtype: str, kl: bool, calls: int) -> tuple[float, float
     """A new user's loop in a fresh process with an empty Inductor cache: the first call's wall
     time (compilation included) and the CPU time of the other calls (one thread)."""
     with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+        env = {**_with_benchmarks_on_path(), "TORCHINDUCTOR_CACHE_DIR": cache}
         argv = [sys.executable, "-c", _LOOP, impl, dtype, "kl" if kl else "-", str(calls)]
         out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
     first, rest = (float(v) for v in out.stdout.split()[-2:])

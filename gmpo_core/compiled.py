@@ -32,7 +32,7 @@ def compiled_forward() -> Callable[
     [_math.Batch, _math.Hyper, bool, _math.Across | None], _math.Forward
 ]:
     """:func:`gmpo_core._math.forward` under ``torch.compile`` (created on first use). Not
-    ``fullgraph``: the function has no graph break (tests/test_compile.py compiles it with
+    ``fullgraph``: the function has no graph break (tests/core/test_compile.py compiles it with
     ``fullgraph=True``), but past torch's recompile limit (8 input signatures of one function
     in a process by default) a ``fullgraph`` function raises, where this one runs uncompiled,
     with torch's warning."""

@@ -3,18 +3,18 @@
 # (one H200, Python 3.12, torch 2.11, Triton, transformers 5.17) has no trl, verl or vLLM; this
 # needs none of them. Steps, each under its own time limit:
 #
-#   1. the gpu-marked tests (tests/test_gpu.py): the core on CUDA against the float64 reference,
+#   1. the gpu-marked tests (tests/core/devices/test_gpu.py): the core on CUDA against the float64 reference,
 #      under torch.cuda.set_sync_debug_mode("error") (no host-device synchronization), with KL,
 #      token and row weights, dual clip and packed input (cu_seqlens), both paths, fp32 and bf16;
-#   2. the device-generic core tests (tests/test_properties.py, plain path) with
+#   2. the device-generic core tests (tests/core/test_properties.py, plain path) with
 #      GMPO_TEST_DEVICE=cuda: every property computed on CUDA tensors;
 #   3. the loss benchmark: gmpo plain and compiled, TRL's and verl's GMPO (both transcribed in
 #      benchmarks/_hosts.py) -> benchmarks/results/loss_cuda_fp32.{md,json};
 #   4. the LM-head benchmark -> benchmarks/results/lm_head_cuda.{md,json};
 #   and the whole log -> benchmarks/results/gpu_cuda.log.
 #
-#   bash benchmarks/gpu.sh                       # on a GPU machine
-#   GMPO_GPU_DRY_RUN=1 bash benchmarks/gpu.sh    # CI: the same steps on the CPU at tiny sizes,
+#   bash scripts/gpu.sh                       # on a GPU machine
+#   GMPO_GPU_DRY_RUN=1 bash scripts/gpu.sh    # CI: the same steps on the CPU at tiny sizes,
 #                                                # the compiled path left out, nothing written
 #
 # Needs: python with torch, numpy, pytest and hypothesis, and this checkout (put on PYTHONPATH
@@ -46,7 +46,7 @@ if [ "$DRY" != 0 ]; then
   LIMITS=(60 60 60 60)  # seconds per step
 else
   if ! $PY -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
-    echo "no CUDA device: GMPO_GPU_DRY_RUN=1 bash benchmarks/gpu.sh is the CPU dry run" >&2
+    echo "no CUDA device: GMPO_GPU_DRY_RUN=1 bash scripts/gpu.sh is the CPU dry run" >&2
     exit 2
   fi
   DEVICE=cuda
@@ -93,9 +93,9 @@ print("gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "NO
 PY
 
 step "gpu tests (sync-debug check: padded, packed, KL, weights, dual clip)" "${LIMITS[0]}" \
-  $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py ${SELECT:+-k "$SELECT"}
+  $PY -m pytest -q -p no:cacheprovider -m gpu tests/core/devices/test_gpu.py ${SELECT:+-k "$SELECT"}
 step "device-generic core tests on $DEVICE (plain path)" "${LIMITS[1]}" \
-  $PY -m pytest -q -p no:cacheprovider tests/test_properties.py -k "not compiled"
+  $PY -m pytest -q -p no:cacheprovider tests/core/test_properties.py -k "not compiled"
 step "loss benchmark (float32)" "${LIMITS[2]}" \
   $PY benchmarks/bench_loss.py --device "$DEVICE" "${LOSS[@]}"
 step "LM-head benchmark" "${LIMITS[3]}" \

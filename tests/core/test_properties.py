@@ -477,7 +477,7 @@ def test_packed_ignores_masked_tokens(impl: str, batch: PackedBatch, junk: float
 class _ThreadGroup:
     """A stand-in process group for ranks that are threads of this process: ``all_reduce``
     (patched in below) exchanges the tensors through shared slots. The real collectives are
-    tested with two gloo processes in tests/test_distributed.py."""
+    tested with two gloo processes in tests/core/test_distributed.py."""
 
     def __init__(self, ranks: int) -> None:
         self.barrier = threading.Barrier(ranks, timeout=60)

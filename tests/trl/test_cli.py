@@ -52,7 +52,7 @@ def test_reward_and_dataset_options(tmp_path, monkeypatch):
     (tmp_path / "my_rewards.py").write_text(
         "def always(prompts, completions, **kw):\n    return [1.0] * len(prompts)\n"
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # the command finds a reward module in the current directory
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{d}="}) + "\n" for d in range(8)))
     out = tmp_path / "out"

@@ -1,4 +1,4 @@
-"""The core on fake CUDA tensors: run by tests/test_fake_cuda.py in a subprocess.
+"""The core on fake CUDA tensors: run by tests/core/devices/test_fake_cuda.py in a subprocess.
 
 ``FakeTensorMode`` gives tensors a device and a shape but no storage, so a CUDA tensor can be
 created on a machine without a GPU (and without a CUDA build of torch). Inside the mode a host

@@ -1,14 +1,14 @@
 """The core on CUDA tensors without a GPU: ``FakeTensorMode`` tensors on device ``"cuda"``.
 
-The checks live in tests/_fake_cuda_checks.py and run in one child process (a CPU-only torch
+The checks live in tests/core/devices/_fake_cuda_checks.py and run in one child process (a CPU-only torch
 aborts the process on some ops on fake CUDA tensors that require grad; no input here requires
 grad). Each check is one test here. Covered: the padded plain forward of ``gmpo_loss`` (each
 option, and bf16), ``out.metrics``, the stats reductions (``gmpo_core.metrics``) and the public
 building blocks. Packed input and ``token_logprobs`` index tensors with ``[]`` (slices of
 ``cu_seqlens``, chunks of tokens), which a CPU-only torch refuses on a fake CUDA tensor ("PyTorch
 is not linked with support for cuda devices": Python indexing enters a CUDA device guard), and a
-backward needs inputs that require grad; those are covered on ``meta`` (tests/test_devices.py,
-tests/test_lm_head_devices.py) and by benchmarks/gpu.sh on a GPU.
+backward needs inputs that require grad; those are covered on ``meta`` (tests/core/devices/test_devices.py,
+tests/core/devices/test_lm_head_devices.py) and by scripts/gpu.sh on a GPU.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""CUDA checks of the core (run by benchmarks/gpu.sh on a GPU machine; skipped cleanly here).
+"""CUDA checks of the core (run by scripts/gpu.sh on a GPU machine; skipped cleanly here).
 
 On CUDA each call runs under ``torch.cuda.set_sync_debug_mode("error")``, so any host-device
 synchronization in the forward, the backward or ``out.metrics`` raises; the results are then
 compared with the float64 reference. Options covered: KL, token and row weights (zero weights
 included), dual clip, packed input (``cu_seqlens``), each path, float32 and bf16.
 
-``GMPO_GPU_DRY_RUN=1`` (benchmarks/gpu.sh's dry run, in CI) runs these tests on the CPU without
+``GMPO_GPU_DRY_RUN=1`` (scripts/gpu.sh's dry run, in CI) runs these tests on the CPU without
 a GPU: the same code, with no synchronization guard, so that the script is known to work before
 a GPU is lent.
 """
