@@ -2,8 +2,9 @@
 
 A method maps ``(logp, old_logp, advantages, mask)`` -- (B, T), (B, T), (B,), (B, T) -- to the
 loss to minimize (0-d) and the fraction of valid tokens whose gradient the clip removed (0-d,
-detached). To study a variant, write such a function and add it to :data:`METHODS`; e.g. GMPO
-with an asymmetric clip range::
+detached). To study a variant, write such a function and add it to :data:`METHODS` (its runs are
+cached under :func:`fingerprint` of its definition: after a change, a rerun recomputes them);
+e.g. GMPO with an asymmetric clip range::
 
     METHODS["gmpo_asym"] = Method(
         "GMPO, log-ratio clip (-0.2, 0.4)",
@@ -13,7 +14,12 @@ with an asymmetric clip range::
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import inspect
 import math
+import sys
+import types
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -119,3 +125,61 @@ METHODS: dict[str, Method] = {
     "gmpo_noclip": Method("GMPO without clip", gmpo_noclip_method),
     "gmpo_seqclip": Method("GMPO, sequence-level clip ± 0.4", gmpo_seqclip_method),
 }
+
+
+_PLAIN = (int, float, complex, str, bytes, bool, type(None))
+#: libraries whose functions a fingerprint names rather than reads (gmpo_core's source is in
+#: ``_study_run.code_fingerprint``; torch's version too)
+_NAMED = ("gmpo_core", "torch", "numpy")
+
+
+def _library(fn: types.FunctionType) -> bool:
+    top = fn.__module__.split(".")[0]
+    path = fn.__code__.co_filename
+    return top in _NAMED or top in sys.stdlib_module_names or "-packages" in path
+
+
+def _describe(obj: Any, seen: set[int], out: list[str]) -> None:
+    """Append to ``out`` what defines ``obj``: for a function, its source, defaults and closure,
+    and, recursively, the functions and constants it reads from its module's globals; for a
+    ``functools.partial``, its function and arguments. A library's function (gmpo_core, torch,
+    the standard library) is named, not read."""
+    if isinstance(obj, _PLAIN) or (
+        isinstance(obj, tuple) and all(isinstance(x, _PLAIN) for x in obj)
+    ):
+        out.append(repr(obj))
+    elif isinstance(obj, functools.partial):
+        out.append(f"partial{obj.args!r}{sorted(obj.keywords.items())!r}")
+        _describe(obj.func, seen, out)
+    elif isinstance(obj, types.FunctionType):
+        out.append(f"{obj.__module__}.{obj.__qualname__}")
+        if id(obj) in seen or _library(obj):
+            return
+        seen.add(id(obj))
+        out += [inspect.getsource(obj), repr(obj.__defaults__), repr(obj.__kwdefaults__)]
+        for cell in obj.__closure__ or ():
+            _describe(cell.cell_contents, seen, out)
+        for name in _names(obj.__code__):
+            value = obj.__globals__.get(name)
+            if name in obj.__globals__ and not isinstance(value, types.ModuleType):
+                out.append(name)
+                _describe(value, seen, out)
+    elif isinstance(obj, type | types.BuiltinFunctionType):
+        out.append(f"{obj.__module__}.{obj.__qualname__}")
+    else:  # a callable object: its class and its state
+        out.append(f"{type(obj).__module__}.{type(obj).__qualname__}{sorted(vars(obj).items())!r}")
+
+
+def _names(code: types.CodeType) -> list[str]:
+    """The global names a code object and the code objects nested in it (lambdas) read."""
+    nested = [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    return [*code.co_names, *(n for c in nested for n in _names(c))]
+
+
+def fingerprint(name: str) -> str:
+    """sha256 of the definition of ``METHODS[name]``'s loss: its source, its parameters
+    (defaults, closure, ``functools.partial`` arguments) and every function and constant it
+    reads, recursively (not the label, which changes no run). The same in every process."""
+    out: list[str] = []
+    _describe(METHODS[name].loss, set(), out)
+    return hashlib.sha256("\0".join(out).encode()).hexdigest()

@@ -10,15 +10,19 @@ prompts of ``(s, k)``); sampling and minibatch order come from a generator seede
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from _study_methods import METHODS
 from _study_model import TinyLM, completion_logps, sample
 
+import gmpo_core
+import gmpo_trl.reverse
 from gmpo_trl.reverse import ReverseTask, decode, encode
 
 STD_EPS = 1e-4  # TRL's group-normalization epsilon
@@ -53,6 +57,20 @@ class Setup:
         """What the warm start depends on (a cache file name)."""
         keys = ("length", "noise", "warm_steps", "warm_batch", "warm_lr", "d", "heads", "layers")
         return "_".join(f"{k}{getattr(self, k)}" for k in keys)
+
+
+def code_fingerprint() -> str:
+    """sha256 of the code every run and warm start executes besides its method (which
+    ``_study_methods.fingerprint`` covers): this module, the model, the task and gmpo_core's
+    sources, and torch's version. Part of the cache keys: after a change to any of them, a rerun
+    recomputes instead of reusing."""
+    files = [Path(__file__), Path(__file__).with_name("_study_model.py"),
+             Path(gmpo_trl.reverse.__file__),
+             *sorted(Path(gmpo_core.__file__).parent.rglob("*.py"))]  # fmt: skip
+    h = hashlib.sha256(torch.__version__.encode())
+    for f in files:
+        h.update(f"\0{f.parent.name}/{f.name}\0".encode() + f.read_bytes())
+    return h.hexdigest()
 
 
 def _ids(texts: list[str]) -> torch.Tensor:
@@ -136,7 +154,8 @@ def rl_run(
                 clip_sum += float(clipped)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
-                gn = float(torch.nn.utils.clip_grad_norm_(params, grad_clip or math.inf))
+                max_norm = math.inf if grad_clip is None else grad_clip
+                gn = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
                 if math.isfinite(gn):
                     opt.step()
                     gn_max = max(gn_max, gn)
