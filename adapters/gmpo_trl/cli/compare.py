@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gmpo_trl.cli.checks import check_inputs
+from gmpo_trl.cli.checks import check_grpo_epsilon, check_inputs, check_task_lengths
 from gmpo_trl.cli.options import CLIError
 from gmpo_trl.cli.parsing import Parsed
 from gmpo_trl.cli.plots import log_clip_range, plot_compare
 from gmpo_trl.cli.reports import COLLAPSE_DROP, COLLAPSE_WINDOW, FINAL_STEPS, compare_table
 from gmpo_trl.cli.runs import quiet, run
-from gmpo_trl.cli.train import ScriptArguments
+from gmpo_trl.cli.train import ScriptArguments, interruptible, stop_if_interrupted
 
 
 @dataclass
@@ -28,7 +28,8 @@ class CompareArguments(ScriptArguments):
     """``gmpo compare``'s own options."""
 
     grpo_epsilon: float = field(
-        default=0.2, metadata={"help": "GRPO's clip epsilon (ratio space: 1 ± epsilon)."}
+        default=0.2,
+        metadata={"help": "GRPO's clip epsilon (ratio space: 1 ± epsilon), in (0, 1)."},
     )
     seeds: int = field(
         default=1,
@@ -45,10 +46,10 @@ def configs(parsed: Parsed) -> tuple[Any, Any]:
     gmpo = parsed.config(GMPOConfig)
     if parsed.script.seeds < 1:
         raise CLIError(f"--seeds must be at least 1, got {parsed.script.seeds}")
+    epsilon = check_grpo_epsilon(parsed.script.grpo_epsilon)
     check_inputs(parsed.script)
-    grpo = parsed.config(
-        GRPOConfig, loss_type="grpo", epsilon=parsed.script.grpo_epsilon, epsilon_high=None
-    )
+    check_task_lengths(parsed.script, gmpo, "compare")
+    grpo = parsed.config(GRPOConfig, loss_type="grpo", epsilon=epsilon, epsilon_high=None)
     return grpo, gmpo
 
 
@@ -68,12 +69,13 @@ def main(parsed: Parsed) -> Path:
     for k in range(script.seeds):
         seed = first_seed + k
         for name, config, cls in (
-            ("GRPO", grpo_config, RangeLoggingGRPOTrainer),
-            ("GMPO", gmpo_config, GMPOTrainer),
+            ("GRPO", grpo_config, interruptible(RangeLoggingGRPOTrainer)),
+            ("GMPO", gmpo_config, interruptible(GMPOTrainer)),
         ):
             config.seed = seed
             config.output_dir = str(base / name.lower() / f"seed{seed}")
             done = run(script, config, cls, f"gmpo compare ({name}, seed {seed})")
+            stop_if_interrupted(done, config.output_dir)  # its run's outputs; no compare table
             runs[name].append(done.rows)
             summaries[name].append(done.summary)
     plot_compare(runs, base / "compare.png", bounds)

@@ -20,6 +20,11 @@ class CLIError(Exception):
     """A user error: reported as one line, no traceback."""
 
 
+class Interrupted(Exception):
+    """Ctrl-C during training: the run's outputs for the steps done are written; its message is
+    the one line, and the exit status 130 (128 + SIGINT)."""
+
+
 #: The TRL (GRPOConfig / TrainingArguments) options most runs set, with the default a run with
 #: --model gets. Listed here so that ``--help`` needs no TRL import (seconds);
 #: tests/trl/test_cli.py checks each default against GMPOConfig.

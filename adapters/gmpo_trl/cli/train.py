@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from gmpo_trl.cli.checks import check_inputs
+from gmpo_trl.cli.checks import check_inputs, check_task_lengths
+from gmpo_trl.cli.options import Interrupted
 from gmpo_trl.cli.parsing import Parsed
-from gmpo_trl.cli.runs import quiet, run
+from gmpo_trl.cli.runs import Run, quiet, run
 
 
 @dataclass
@@ -50,13 +52,49 @@ class ScriptArguments:
     )
 
 
+def interruptible(trainer_cls: type) -> type:
+    """``trainer_cls`` whose ``train()`` returns on Ctrl-C (a ``KeyboardInterrupt``) with
+    ``interrupted`` set, so that the run's metrics, plot and summary are written for the steps
+    done (:func:`stop_if_interrupted` then ends the command)."""
+
+    class Interruptible(trainer_cls):  # type: ignore[misc, valid-type]
+        interrupted = False
+
+        def train(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().train(*args, **kwargs)
+            except KeyboardInterrupt:
+                self.interrupted = True
+                for callback in self.callback_handler.callbacks:  # the progress bar's last line
+                    bar = getattr(callback, "training_bar", None)
+                    if bar is not None:
+                        bar.close()
+                        callback.training_bar = None
+                return None
+
+    Interruptible.__name__ = Interruptible.__qualname__ = trainer_cls.__name__
+    return Interruptible
+
+
+def stop_if_interrupted(done: Run, output_dir: str | Path) -> None:
+    """Raise :class:`~gmpo_trl.cli.options.Interrupted` after a run that Ctrl-C stopped."""
+    if getattr(done.trainer, "interrupted", False):
+        state = done.trainer.state
+        raise Interrupted(
+            f"interrupted after {state.global_step} of {state.max_steps} optimizer steps; the "
+            f"summary and plot of the steps done are in {output_dir}"
+        )
+
+
 def main(parsed: Parsed) -> Path:
     """``gmpo train``: returns the output directory."""
     from gmpo_trl import GMPOConfig, GMPOTrainer
 
     config = parsed.config(GMPOConfig)
     check_inputs(parsed.script)
+    check_task_lengths(parsed.script, config, "train")
     quiet()
-    done = run(parsed.script, config, GMPOTrainer, "gmpo train")
+    done = run(parsed.script, config, interruptible(GMPOTrainer), "gmpo train")
+    stop_if_interrupted(done, config.output_dir)  # no final model: it is not the run asked for
     done.trainer.save_model(str(Path(config.output_dir) / "final"))
     return Path(config.output_dir)
