@@ -37,30 +37,46 @@ def check_hyperparameters(
     eps_high = eps_low if epsilon_high is None else positive_finite(names[1], epsilon_high)
     log_dual = None
     if dual_clip is not None:
-        if not is_real(dual_clip) or not 1 < dual_clip < math.inf:  # type: ignore[operator]
+        cap = as_float(dual_clip)
+        if cap is None or not 1 < cap < math.inf:
             raise ValueError(
                 f"{names[2]} must be a finite number > 1 (a cap on the ratio for negative "
                 f"advantages), got {dual_clip!r}"
             )
-        log_dual = math.log(dual_clip)  # type: ignore[arg-type]
+        log_dual = math.log(cap)
     return eps_low, eps_high, log_dual
 
 
 def check_beta(beta: object, has_ref_logp: bool) -> float:
     """``beta`` is a finite number >= 0, and not 0 only with the reference log-probs."""
-    if not is_real(beta) or not 0 <= beta < math.inf:  # type: ignore[operator]
+    value = as_float(beta)
+    if value is None or not 0 <= value < math.inf:
         raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
-    if beta != 0 and not has_ref_logp:
+    if value != 0 and not has_ref_logp:
         raise ValueError(f"beta={beta} needs ref_logp (the reference policy's log-probs), got None")
-    return float(beta)  # type: ignore[arg-type]
+    return value
 
 
 def is_real(x: object) -> bool:
     return isinstance(x, Real) and not isinstance(x, bool)
 
 
+def as_float(x: object) -> float | None:
+    """``x`` as the float the loss computes with, or None where ``x`` is not a real number or
+    no float holds it (an int past 1e308 raises OverflowError in ``float``). Every rule is
+    checked on this float, not on ``x``: a ``numpy.longdouble`` of 1e400 is below ``inf`` but
+    its float is ``inf``, and a ``Fraction`` just above 1 may be 1.0 as a float."""
+    if not is_real(x):
+        return None
+    try:
+        return float(x)  # type: ignore[arg-type]
+    except (OverflowError, TypeError, ValueError):  # a Real whose __float__ fails
+        return None
+
+
 def positive_finite(name: str, x: object) -> float:
     # comparisons rather than math.isfinite: NaN fails them too, and they trace under dynamo
-    if not is_real(x) or not 0 < x < math.inf:  # type: ignore[operator]
+    value = as_float(x)
+    if value is None or not 0 < value < math.inf:
         raise ValueError(f"{name} must be a finite number > 0 (a log-space bound), got {x!r}")
-    return float(x)  # type: ignore[arg-type]
+    return value

@@ -224,6 +224,15 @@ def reverse_args(
 
 _TASK = ReverseTask()
 
+
+def _lengths() -> tuple[int, int, int]:
+    """(prompt tokens, positions, answer tokens) of the built-in run's model (built untrained:
+    its config's positions)."""
+    tokenizer, model = reverse_model(_TASK)
+    prompt = len(tokenizer(_TASK.prompts(1, seed=0)[0])["input_ids"])
+    return prompt, model.config.n_positions, _TASK.length
+
+
 TASK = Task(
     name="reverse",
     about="reverse 16 digits, exact match; a tiny GPT-2-style model warm-started on noisy "
@@ -236,4 +245,5 @@ TASK = Task(
     reward=_TASK.reward_function(),
     model=lambda seed: warm_model(_TASK, seed),
     trainer_args=lambda output_dir: reverse_args(output_dir, _TASK),
+    lengths=_lengths,
 )

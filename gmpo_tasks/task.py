@@ -16,7 +16,9 @@ class Task:
     prompts (a ``datasets.Dataset`` with a ``prompt`` column). ``reward``: a TRL reward function
     ``reward(prompts, completions, **kw)``. ``model(seed)``: ``(model, tokenizer)``, warm-started
     where the task has a warm start. ``trainer_args(output_dir)``: the ``GMPOConfig`` /
-    ``GRPOConfig`` keyword arguments of the task's built-in run."""
+    ``GRPOConfig`` keyword arguments of the task's built-in run. ``lengths()``, where the
+    built-in model has a fixed number of positions: ``(prompt tokens, model positions, answer
+    tokens)``, which ``gmpo`` checks the completion length against before any work."""
 
     name: str
     about: str
@@ -24,3 +26,4 @@ class Task:
     reward: Callable[..., list[float]]
     model: Callable[[int], tuple[Any, Any]]
     trainer_args: Callable[[str], dict[str, Any]]
+    lengths: Callable[[], tuple[int, int, int]] | None = None

@@ -8,7 +8,7 @@ from typing import Any
 
 from trl import GRPOConfig
 
-from gmpo_core.options import IMPLS, check_hyperparameters, check_impl
+from gmpo_core.options import IMPLS, check_beta, check_hyperparameters, check_impl
 from gmpo_trl.fields import GMPO_FIELDS, OTHER_LOSS_FIELDS
 
 RECIPES = "docs/recipes.md"
@@ -40,6 +40,8 @@ class GMPOConfig(GRPOConfig):
       recipes in ``docs/recipes.md``.
     - ``use_bias_correction_kl`` defaults to False (GRPOConfig: True); True is refused, and so are
       non-default ``sapo_*`` / ``vespo_*`` values.
+    - ``beta`` must be a finite number >= 0 (gmpo_core's rule; GRPOTrainer builds the reference
+      model whenever it is not 0).
     - ``gmpo_impl``: which ``gmpo_core`` path computes the loss: ``"plain"`` (default) or
       ``"compiled"`` (opt-in; TRL's ``torch_compile`` does not turn it on).
     - ``gmpo_lm_head`` (default True): tokens are scored by :func:`gmpo_core.token_logprobs`
@@ -92,4 +94,7 @@ def check_config(args: GRPOConfig) -> None:
             )
     # gmpo_core's own rules, under this config's field names
     check_hyperparameters(args.epsilon, args.epsilon_high, args.delta, names=_NAMES)
+    # beta's own rule (finite, >= 0); its reference log-probs come from the reference model that
+    # GRPOTrainer builds whenever beta != 0
+    check_beta(args.beta, has_ref_logp=True)
     check_impl(getattr(args, "gmpo_impl", IMPLS[0]), name="gmpo_impl")

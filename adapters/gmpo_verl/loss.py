@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from gmpo_core import gmpo_loss
-from gmpo_core.options import IMPLS, Impl, check_hyperparameters, check_impl
+from gmpo_core.options import IMPLS, Impl, check_hyperparameters, check_impl, positive_finite
 
 logger = logging.getLogger("gmpo_verl")
 
@@ -66,8 +66,10 @@ def _once(key: str, message: str, *args: object) -> None:
 class GlobalBatch:
     """The global mini-batch a micro-batch belongs to, from ``config.global_batch_info``.
 
-    ``denominator`` is what the micro-batch's summed loss is divided by: the number of sequences
-    (seq-mean-token-mean) or of valid tokens (token-mean, at least 1) in the global mini-batch.
+    ``denominator`` is the number of sequences (seq-mean-token-mean) or of valid tokens
+    (token-mean, possibly 0) in the global mini-batch, as ``global_batch_info`` gives it; the
+    micro-batch's summed loss is divided by it (by 1 when it is 0: then no row has a token and
+    the sum is 0).
     """
 
     dp_size: int
@@ -77,7 +79,7 @@ class GlobalBatch:
     def scale(self) -> float:
         """The factor that turns a micro-batch sum into its share of the global mean: data-parallel
         ranks are averaged by the engine, so each rank's share is multiplied by ``dp_size``."""
-        return self.dp_size / self.denominator
+        return self.dp_size / max(self.denominator, 1)
 
 
 def _int(info: Any, key: str, minimum: int) -> int:
@@ -119,7 +121,7 @@ def global_batch(config: Any, loss_agg_mode: str, local_rows: int) -> GlobalBatc
                 "mini-batch over all data-parallel ranks."
             )
         return GlobalBatch(dp_size, size)
-    return GlobalBatch(dp_size, max(_int(info, "batch_num_tokens", 0), 1))
+    return GlobalBatch(dp_size, _int(info, "batch_num_tokens", 0))
 
 
 def check_loss_agg_mode(loss_agg_mode: str) -> str:
@@ -156,20 +158,26 @@ def clip_bounds(config: Any) -> tuple[float, float]:
     """Log-space bounds ``(epsilon, epsilon_high)`` from ``clip_ratio_low/high`` (else ``clip_ratio``).
 
     Under loss_mode=gmpo they bound the log-ratio: the ratio is kept in
-    ``[exp(-clip_ratio_low), exp(clip_ratio_high)]`` (the paper uses 0.4 for both).
+    ``[exp(-clip_ratio_low), exp(clip_ratio_high)]`` (the paper uses 0.4 for both). Each must be a
+    finite number > 0: a bool or a string (``"0.3"``) is refused, as ``clip_ratio_c`` is (verl's
+    configs come from Hydra/OmegaConf, which types them), and the error names the key read.
     """
-    clip_ratio = _config_value(config, "clip_ratio")
-    low = _config_value(config, "clip_ratio_low")
-    high = _config_value(config, "clip_ratio_high")
-    low = clip_ratio if low is None else low
-    high = clip_ratio if high is None else high
-    if low is None or high is None:
+    low, high = _clip_key(config, "clip_ratio_low"), _clip_key(config, "clip_ratio_high")
+    if low[1] is None or high[1] is None:
         raise ValueError(
             "loss_mode=gmpo needs clip_ratio_low and clip_ratio_high (or clip_ratio) in the actor "
-            f"config, got clip_ratio={clip_ratio!r}, clip_ratio_low={low!r}, "
-            f"clip_ratio_high={high!r}"
+            f"config, got clip_ratio={_config_value(config, 'clip_ratio')!r}, "
+            f"clip_ratio_low={low[1]!r}, clip_ratio_high={high[1]!r}"
         )
-    return float(low), float(high)
+    return positive_finite(*low), positive_finite(*high)
+
+
+def _clip_key(config: Any, key: str) -> tuple[str, Any]:
+    """``(name, value)`` of a clip bound: ``key``'s, or ``clip_ratio``'s where ``key`` is null."""
+    value = _config_value(config, key)
+    if value is None:
+        return "clip_ratio", _config_value(config, "clip_ratio")
+    return key, value
 
 
 def _dual_clip(config: Any) -> object:

@@ -9,20 +9,23 @@ Run from the repository root::
 
 A tiny causal transformer (``model.py``) learns to reverse a string of 16 digits
 (``gmpo_tasks.reverse``): a supervised warm start on noisy demonstrations per seed
-(``gmpo_tasks.warm_start``), then RL from it with each method (``gmpo_tasks.variants.METHODS``)
-at each learning rate, without and with gradient clipping, on each seed (``run.py``). Writes to
-``--out``: ``summary.json`` (one record per run), ``summary.md`` (collapse counts, means ± std
-and medians, the sign tests: rules in ``gmpo_tasks.rules``, tables in ``report.py``),
-``curves.jsonl`` (every run's per-step metrics), ``invocations.jsonl`` (the cost of each
-invocation), ``stability.png``, and the caches ``warm/`` and ``runs/`` (a rerun reuses a run
-whose setup is unchanged).
+(``gmpo_tasks.warm_start``), then RL from it with each method (``methods.py``: the variants of
+``gmpo_tasks.variants``) at each learning rate, without and with gradient clipping, on each seed
+(``run.py``). Writes to ``--out``: ``summary.json`` (one record per run), ``summary.md``
+(collapse counts, means ± std and medians, the sign tests: rules in ``gmpo_tasks.rules``, tables
+in ``report.py``), ``curves.jsonl`` (every run's per-step metrics), ``invocations.jsonl`` (the
+cost of each invocation), ``stability.png``, and the caches ``warm/`` and ``runs/`` (a rerun
+reuses a run whose :func:`run_key` is unchanged: the method's definition, learning rate, clip,
+seed, setup and the code it runs).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
+import math
 import multiprocessing
 import os
 import shlex
@@ -31,13 +34,13 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from gmpo_tasks.rules import DROP, WINDOW, collapse
-from gmpo_tasks.variants import METHODS
+from studies.stability.methods import METHODS, fingerprint
 from studies.stability.plot import plot
 from studies.stability.report import tables
-from studies.stability.run import Setup, init_worker, run_job, warm_job
+from studies.stability.run import Setup, code_fingerprint, init_worker, run_job, warm_job
 
 # the learning rates in run order: the stress point first, then outward (a sweep cut short has
 # whole learning rates, the most informative first)
@@ -47,20 +50,55 @@ QUICK = {"methods": "grpo,gmpo", "lr": "5e-3", "grad_clip": "none", "seeds": "0,
 QUICK_SETUP = {"length": 6, "warm_steps": 40, "prompts": 8, "minibatches": 4}
 
 
-def _floats(text: str) -> list[float | None]:
-    return [None if x.strip().lower() == "none" else float(x) for x in text.split(",")]
+class _Parser(argparse.ArgumentParser):
+    """argparse, with every refusal on one line (no usage block) and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _item(option: str, x: str, kind: str) -> Any:
+    """One item of a comma list: ``kind`` is "method" (a name), "int", "lr" (a finite number
+    > 0) or "clip" (a finite number > 0, or ``none``: no clipping; 0 is refused, not read as
+    none)."""
+    x = x.strip()
+    if kind == "method":
+        return x
+    if kind == "clip" and x.lower() == "none":
+        return None
+    try:
+        value = int(x) if kind == "int" else float(x)
+    except ValueError:
+        value = None
+    if kind == "int" and value is not None:
+        return value
+    if value is None or not 0 < value < math.inf:
+        want = {"int": "an integer", "lr": "a finite number > 0",
+                "clip": "a finite number > 0, or none for no clipping"}[kind]  # fmt: skip
+        raise ValueError(f"{option}: {x!r} is not {want}")
+    return value
+
+
+def _list(option: str, text: str, kind: str) -> list[Any]:
+    """A comma list of distinct items (a duplicate would run once and count twice)."""
+    values = [_item(option, x, kind) for x in text.split(",")]
+    twice = [x for i, x in enumerate(values) if x in values[:i]]
+    if twice:
+        raise ValueError(f"{option}: {twice[0]} given twice; each value once")
+    return values
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """The options, checked: a refusal is one line on stderr and exit status 2, before any work."""
+    p = _Parser(prog="python -m studies.stability", description=__doc__.split("\n\n")[0])
     p.add_argument("--methods", help=f"comma list of {', '.join(METHODS)} (default: all)")
     p.add_argument("--lr", help=f"comma list of learning rates (default {FULL['lr']})")
-    p.add_argument("--grad-clip", help="comma list of max gradient norms, 'none' for no "
+    p.add_argument("--grad-clip", help="comma list of max gradient norms (> 0), 'none' for no "
                    f"clipping (default {FULL['grad_clip']})")  # fmt: skip
     p.add_argument("--seeds", help=f"comma list (default {FULL['seeds']})")
-    p.add_argument("--steps", type=int, help=f"RL steps per run (default {FULL['steps']})")
+    p.add_argument("--steps", type=int, help=f"RL steps per run, >= 1 (default {FULL['steps']})")
     p.add_argument("--out", type=Path, default=Path("runs/study"), help="output directory")
-    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--workers", type=int, default=2, help="worker processes, >= 1 (default 2)")
     p.add_argument("--quick", action="store_true",
                    help=f"smoke run: {QUICK} on a {QUICK_SETUP} task")  # fmt: skip
     p.add_argument("--curves-lr", type=float, default=5e-3,
@@ -72,18 +110,38 @@ def parse(argv: list[str]) -> argparse.Namespace:
     for key in ("methods", "lr", "grad_clip", "seeds", "steps"):
         if getattr(args, key) is None:
             setattr(args, key, grid[key])
-    args.methods = args.methods.split(",")
+    for option, value in (("--steps", args.steps), ("--workers", args.workers)):
+        if value < 1:
+            p.error(f"{option}: must be at least 1, got {value}")
+    args.methods = [m.strip() for m in args.methods.split(",")]
     unknown = [m for m in args.methods if m not in METHODS]
     if unknown:
         p.error(f"--methods: unknown {unknown}; choose from {list(METHODS)}")
-    args.lr = [float(x) for x in args.lr.split(",")]
-    args.grad_clip = _floats(args.grad_clip)
-    args.seeds = [int(x) for x in args.seeds.split(",")]
+    try:
+        args.methods = _list("--methods", ",".join(args.methods), "method")
+        args.lr = _list("--lr", args.lr, "lr")
+        args.grad_clip = _list("--grad-clip", args.grad_clip, "clip")
+        args.seeds = _list("--seeds", args.seeds, "int")
+    except ValueError as e:
+        p.error(str(e))
     return args
 
 
 def run_name(method: str, lr: float, clip: float | None, seed: int) -> str:
-    return f"{method}_lr{lr:g}_clip{clip if clip is None else f'{clip:g}'}_seed{seed}"
+    """A run's readable name (full-precision floats: ``repr``, not ``:g``)."""
+    return f"{method}_lr{lr!r}_clip{clip!r}_seed{seed}"
+
+
+def run_key(job: tuple[str, float, float | None, int], sdict: dict[str, Any], code: str) -> dict:
+    """Everything a run's result depends on: the method's definition (not only its name), the
+    learning rate, clip and seed, the setup, and the code the run executes (``code``)."""
+    method, lr, clip, seed = job
+    return {"method": method, "method_fingerprint": fingerprint(method), "lr": lr,
+            "grad_clip": clip, "seed": seed, "setup": sdict, "code": code}  # fmt: skip
+
+
+def digest(key: Any) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
 def record(job: tuple[str, float, float | None, int], warm: dict[str, Any],
@@ -151,7 +209,10 @@ def sweep(args: argparse.Namespace, setup: Setup) -> tuple[list[Any], dict[int, 
     log = Invocation(args.out / "invocations.jsonl", args.workers)
     with ProcessPoolExecutor(args.workers, mp_context=ctx, initializer=init_worker) as pool:
         warm: dict[int, Any] = {}
-        paths = {s: args.out / "warm" / f"{setup.warm_key()}_seed{s}.pt" for s in args.seeds}
+        code = code_fingerprint()
+        # a warm start depends on its settings and on the code that computes it
+        wkey = digest({"warm": setup.warm_key(), "code": code})[:16]
+        paths = {s: args.out / "warm" / f"{setup.warm_key()}_{wkey}_seed{s}.pt" for s in args.seeds}
         meta = {s: p.with_suffix(".json") for s, p in paths.items()}
         todo = [s for s in args.seeds if args.fresh or not meta[s].exists()]
         for s, info in zip(todo, pool.map(warm_job, [sdict] * len(todo), todo,
@@ -164,18 +225,19 @@ def sweep(args: argparse.Namespace, setup: Setup) -> tuple[list[Any], dict[int, 
         # learning-rate major, in the order given: a sweep cut short has whole learning rates
         jobs = [(m, lr, c, s) for lr in args.lr for c in args.grad_clip for s in args.seeds
                 for m in args.methods]  # fmt: skip
-        cache = {j: args.out / "runs" / f"{run_name(*j)}.json" for j in jobs}
+        keys = {j: run_key(j, sdict, code) for j in jobs}
+        cache = {j: args.out / "runs" / f"{run_name(*j)}_{digest(keys[j])[:16]}.json" for j in jobs}
 
         def cached(j: Any) -> bool:
             return (not args.fresh and cache[j].exists()
-                    and json.loads(cache[j].read_text())["setup"] == sdict)  # fmt: skip
+                    and json.loads(cache[j].read_text()).get("key") == keys[j])  # fmt: skip
 
         todo_jobs = [j for j in jobs if not cached(j)]
         futures = {pool.submit(run_job, sdict, *j, str(paths[j[3]])): j for j in todo_jobs}
         for n, (fut, j) in enumerate(futures.items(), 1):
             result = fut.result()
             spent += result["cpu_s"]
-            cache[j].write_text(json.dumps({"setup": sdict, **result}) + "\n")
+            cache[j].write_text(json.dumps({"key": keys[j], **result}) + "\n")
             log.update(runs=1, cpu_s=result["cpu_s"])
             print(f"[{n}/{len(todo_jobs)} at {time.time() - start:.0f} s] {run_name(*j)}: final reward "
                   f"{collapse(result['curves']['reward']).final:.3f}, {result['cpu_s']:.1f} s CPU",

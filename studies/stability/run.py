@@ -10,17 +10,21 @@ prompts of ``(s, k)``); sampling and minibatch order come from a generator seede
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
+import gmpo_core
+import gmpo_tasks
 from gmpo_tasks.reverse import CELL, ReverseTask, decode, encode
-from gmpo_tasks.variants import METHODS
 from gmpo_tasks.warm_start import WARM, WarmStart
 from gmpo_tasks.warm_start import warm_start as supervised
+from studies.stability.methods import METHODS
 from studies.stability.model import TinyLM, completion_logps, sample
 
 STD_EPS = 1e-4  # TRL's group-normalization epsilon
@@ -59,6 +63,21 @@ class Setup:
         """What the warm start depends on (a cache file name)."""
         keys = ("length", "noise", "warm_steps", "warm_batch", "warm_lr", "d", "heads", "layers")
         return "_".join(f"{k}{getattr(self, k)}" for k in keys)
+
+
+def code_fingerprint() -> str:
+    """sha256 of the code every run and warm start executes besides its method (which
+    ``studies.stability.methods.fingerprint`` covers): this module, the model, the task, the
+    alphabet and the warm start, gmpo_core's sources, and torch's version. Part of the cache keys: after a change to any of them, a rerun
+    recomputes instead of reusing."""
+    tasks = Path(gmpo_tasks.__file__).parent
+    files = [Path(__file__), Path(__file__).with_name("model.py"),
+             *(tasks / f for f in ("reverse.py", "chars.py", "warm_start.py")),
+             *sorted(Path(gmpo_core.__file__).parent.rglob("*.py"))]  # fmt: skip
+    h = hashlib.sha256(torch.__version__.encode())
+    for f in files:
+        h.update(f"\0{f.parent.name}/{f.name}\0".encode() + f.read_bytes())
+    return h.hexdigest()
 
 
 def _ids(texts: list[str]) -> torch.Tensor:
@@ -139,7 +158,8 @@ def rl_run(
                 clip_sum += float(clipped)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
-                gn = float(torch.nn.utils.clip_grad_norm_(params, grad_clip or math.inf))
+                max_norm = math.inf if grad_clip is None else grad_clip
+                gn = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
                 if math.isfinite(gn):
                     opt.step()
                     gn_max = max(gn_max, gn)

@@ -4,8 +4,10 @@ synchronize with the device; value checks are opt-in."""
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -61,6 +63,18 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("is_weights shape", {"is_weights": torch.ones(B, 2)}, r"is_weights must have shape \(B,\), \(B, 1\) or \(B, T\)"),
     ("is_weights integer", {"is_weights": torch.ones(B, dtype=torch.long)}, r"is_weights must be a real floating"),
     ("impl", {"impl": "fast"}, r"impl must be 'plain' \(the default\) or 'compiled', got 'fast'"),
+    # issue 25, defect 9: numbers no float holds raised OverflowError (not a ValueError), or
+    # passed the check and became an infinite bound (a longdouble), or 1 (a dual cap of 1)
+    ("epsilon 10**400", {"epsilon": 10**400}, r"epsilon must be a finite number > 0.*got 1000"),
+    ("epsilon Fraction 10**400", {"epsilon": Fraction(10**400)}, r"epsilon must be a finite number > 0"),
+    ("epsilon longdouble 1e400", {"epsilon": np.longdouble("1e400")}, r"epsilon must be a finite number > 0"),
+    ("epsilon_high longdouble 1e400", {"epsilon_high": np.longdouble("1e400")}, r"epsilon_high must be a finite number > 0"),
+    ("epsilon 1e-400 (0 as a float)", {"epsilon": Fraction(1, 10**400)}, r"epsilon must be a finite number > 0"),
+    ("beta 10**400", {"beta": 10**400, "ref_logp": torch.zeros(B, T)}, r"beta must be a finite number >= 0"),
+    ("beta longdouble 1e400", {"beta": np.longdouble("1e400"), "ref_logp": torch.zeros(B, T)}, r"beta must be a finite number >= 0"),
+    ("dual_clip 10**400", {"dual_clip": 10**400}, r"dual_clip must be a finite number > 1"),
+    ("dual_clip longdouble 1e400", {"dual_clip": np.longdouble("1e400")}, r"dual_clip must be a finite number > 1"),
+    ("dual_clip 1 + 1e-20 (1 as a float)", {"dual_clip": Fraction(10**20 + 1, 10**20)}, r"dual_clip must be a finite number > 1"),
 ]  # fmt: skip
 
 
@@ -75,6 +89,16 @@ def test_bad_input_raises_value_error_naming_the_argument(
 def test_good_input_passes() -> None:
     out = gmpo_loss(**good(), impl="plain")
     assert out.loss.item() == -1.0  # on-policy, A = 1 everywhere: -mean(A) = -1
+
+
+@pytest.mark.parametrize("value", [np.longdouble("0.25"), np.float32(0.25), Fraction(1, 4), 1])
+def test_hyperparameters_are_read_as_floats(value: Any) -> None:
+    """Any real number a float holds is accepted, and read as that float."""
+    got = options.check_hyperparameters(value, value, 1 + value)
+    assert got == (float(value), float(value), math.log(1 + float(value)))
+    beta = options.check_beta(value, True)
+    assert beta == float(value)
+    assert {type(x) for x in (*got, beta)} == {float}
 
 
 VALUE_CASES: list[tuple[str, dict[str, Any], str]] = [

@@ -105,12 +105,36 @@ def test_reward_and_dataset_options(tmp_path, monkeypatch):
         (["train", "--num_iterations", "0"], "--num_iterations must be an integer >= 1, got 0"),
         (["train", "--learning_rate", "-1"], "--learning_rate must be a finite number >= 0, got"),
         (["compare", "--per_device_train_batch_size", "0"], "--per_device_train_batch_size must"),
+        # issue 25, defect 3: a traceback and exit 1
+        (["train", "--beta", "-1"], "beta must be a finite number >= 0, got -1.0"),
+        (["compare", "--beta", "nan"], "beta must be a finite number >= 0, got nan"),
+        # issue 25, defect 5: ran to exit 0 ("ratio clip [1 - nan, 1 + nan]")
+        (["compare", "--grpo_epsilon", "nan"],
+         "--grpo_epsilon must be a finite number in (0, 1) (GRPO's ratio clip [1 - eps, 1 + eps]),"
+         " got nan"),
+        (["compare", "--grpo_epsilon", "-0.5"], "--grpo_epsilon must be a finite number in (0, 1)"),
+        (["compare", "--grpo_epsilon", "0"], "--grpo_epsilon must be a finite number in (0, 1)"),
+        (["compare", "--grpo_epsilon", "1"], "--grpo_epsilon must be a finite number in (0, 1)"),
+        (["compare", "--grpo_epsilon", "inf"], "--grpo_epsilon must be a finite number in (0, 1)"),
+        # issue 25, defect 12: YAML values of the wrong shape
+        (["train", "--config", "list.yaml"],
+         "--config 'list.yaml': --max_steps must be one int, got [1, 2]"),
+        (["train", "--config", "float.yaml"],
+         "--config 'float.yaml': --max_steps must be one int, got 1.5"),
+        (["train", "--config", "bool.yaml"],
+         "--config 'bool.yaml': --learning_rate must be one float, got True"),
+        (["train", "--config", "reward.yaml"],
+         "--reward 'no_such_module_xyz:f': no module 'no_such_module_xyz' found"),
     ],
 )  # fmt: skip
 def test_bad_arguments_get_one_line(tmp_path, capsys, monkeypatch, argv, match):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "README.txt").write_text("x")
     (tmp_path / "bad.yaml").write_text("max_steps: [1\nepsilon: 0.3\n")  # an unclosed list
+    (tmp_path / "list.yaml").write_text("max_steps: [1, 2]\n")
+    (tmp_path / "float.yaml").write_text("max_steps: 1.5\n")
+    (tmp_path / "bool.yaml").write_text("learning_rate: true\n")
+    (tmp_path / "reward.yaml").write_text("reward: no_such_module_xyz:f\n")  # one, not a list
     assert main([*argv, "--output_dir", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("gmpo") and match in err[0], err
@@ -477,3 +501,145 @@ def test_compare_seeds_and_gmpo_options(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| GMPO | 2 |" in out and " ± " in out
     assert "gmpo compare (GRPO, seed 1)" in out and "gmpo compare (GMPO, seed 1)" in out
+
+
+# --------------------------------------------------------------------------------------------
+# issue 25, defect 12: the paths that broke "one line, exit 2"
+# --------------------------------------------------------------------------------------------
+
+
+def test_yaml_values_are_typed_like_the_command_line(tmp_path):
+    """A scalar for a list option is a list of one (it was split into characters), and a YAML
+    number for a float option is the float the command line would give."""
+    from gmpo_trl.cli.parsing import parse
+
+    config = tmp_path / "run.yaml"
+    config.write_text("reward: json:dumps\nlearning_rate: 1\nreward_weights: 2\n")
+    parsed = parse("train", ["--config", str(config), "--output_dir", str(tmp_path)])
+    assert parsed.script.reward == ["json:dumps"]
+    lr = parsed.values["learning_rate"]
+    assert lr == 1.0 and isinstance(lr, float)
+    assert parsed.values["reward_weights"] == [2.0]
+    config.write_text("reward: [json:dumps, json:loads]\nreport_to: [tensorboard]\n")
+    parsed = parse("train", ["--config", str(config), "--output_dir", str(tmp_path)])
+    assert parsed.script.reward == ["json:dumps", "json:loads"]
+    assert parsed.values["report_to"] == ["tensorboard"]  # a list is a valid report_to
+
+
+def _unwritable_for_root() -> str:
+    """A directory no process can create files in, root included (sysfs refuses new files)."""
+    import tempfile
+    from pathlib import Path
+
+    if not Path("/sys/kernel").is_dir():
+        pytest.skip("needs Linux's /sys")
+    with pytest.raises(OSError):  # the premise: this user really cannot write there
+        tempfile.TemporaryFile(dir="/sys/kernel")
+    return "/sys/kernel"
+
+
+@pytest.mark.parametrize("command", ["train", "compare"])
+@pytest.mark.parametrize("below", ["", "gmpo_cli_test_out"])
+def test_unwritable_output_dir_is_refused_before_training(capsys, command, below):
+    """Was a ``PermissionError`` traceback once the run saved its first file."""
+    base = _unwritable_for_root()
+    out = f"{base}/{below}" if below else base
+    assert main([command, "--output_dir", out, "--max_steps", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"gmpo {command}: error: --output_dir {out!r}: "
+                                               f"cannot create files in {base!r}"), err  # fmt: skip
+
+
+def test_report_to_an_integration_that_is_not_installed_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
+    assert main(["train", "--report_to", "wandb", "--output_dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "gmpo train: error: --report_to wandb: wandb is not installed (pip install wandb), or "
+        "leave it out of --report_to"
+    ]
+    assert not (tmp_path / "out").exists()
+
+
+def test_report_to_any_integration_that_is_not_installed_is_one_line(tmp_path, capsys,
+                                                                     monkeypatch):  # fmt: skip
+    import transformers.integrations
+
+    monkeypatch.setattr(transformers.integrations, "get_available_reporting_integrations", list)
+    argv = ["train", "--report_to", "tensorboard", "--output_dir", str(tmp_path / "out")]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "gmpo train: error: --report_to tensorboard: not installed (pip install tensorboard), or "
+        "leave it out of --report_to"
+    ]
+
+
+def test_report_to_wandb_without_a_login_is_one_line(tmp_path):
+    """Installed or not, ``--report_to wandb`` with no API key is refused before any work (it was
+    wandb's UsageError traceback at the start of training)."""
+    import importlib.util
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(tmp_path), WANDB_CONFIG_DIR=str(tmp_path / "wandb_config"),
+               WANDB_DIR=str(tmp_path), NETRC=str(tmp_path / "no_netrc"))  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "gmpo_trl.cli", "train", "--report_to", "wandb", "--max_steps",
+         "1", "--output_dir", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=300, env=env, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("gmpo")]
+    if importlib.util.find_spec("wandb") is None:
+        expected = "gmpo train: error: --report_to wandb: wandb is not installed"
+    else:
+        expected = "gmpo train: error: --report_to wandb: not logged in (No API key configured."
+    assert len(lines) == 1 and lines[0].startswith(expected), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "compare"])
+def test_ctrl_c_writes_the_summary_of_the_steps_done_and_exits_130(tmp_path, capsys, monkeypatch,
+                                                                    command):  # fmt: skip
+    """A KeyboardInterrupt at step 2 (from a callback, as the Trainer sees Ctrl-C): was a
+    traceback with no summary or plot."""
+    from transformers import TrainerCallback
+
+    import gmpo_trl
+
+    class CtrlC(TrainerCallback):  # type: ignore[misc]
+        def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+            if state.global_step == 2:
+                raise KeyboardInterrupt
+
+    class Interrupted(gmpo_trl.GMPOTrainer):  # type: ignore[misc]
+        def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            super().__init__(*args, **kwargs)
+            self.add_callback(CtrlC())
+
+    monkeypatch.setattr(gmpo_trl, "GMPOTrainer", Interrupted)
+    argv = [command, "--output_dir", str(tmp_path), "--max_steps", "4", "--logging_steps", "1"]
+    assert main(argv) == 130
+    run_dir = tmp_path / "gmpo" / "seed0" if command == "compare" else tmp_path
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["optimizer_steps"] == 2
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [1]  # logged after
+    assert (run_dir / "metrics.png").read_bytes().startswith(PNG)
+    assert "2 optimizer steps" in (run_dir / "summary.md").read_text()
+    assert not (tmp_path / "final").exists()  # an interrupted run's model is not "final"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"gmpo {command}: interrupted after 2 of 4 optimizer steps; the summary and "
+                       f"plot of the steps done are in {run_dir}")  # fmt: skip
+
+
+def test_help_into_a_closed_pipe_exits_quietly():
+    """``gmpo train --help | head``: was a BrokenPipeError traceback once the reader had gone."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gmpo_trl.cli", "train", "--help"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    proc.stdout.close()  # the reader leaves before the help is written
+    _, err = proc.communicate(timeout=120)
+    assert err.decode() == ""
+    assert proc.returncode == 141  # 128 + SIGPIPE, as a process that SIGPIPE ended

@@ -128,3 +128,59 @@ def test_reverse_task_is_the_study_task():
     assert list(TASKS) == ["successor", "reverse"]  # the first is the default
     prompts = ReverseTask().prompts(4, seed="train:0")
     assert TASKS["reverse"].dataset(0)["prompt"][:4] == prompts
+
+
+# --------------------------------------------------------------------------------------------
+# issue 25, defect 11: completion lengths the reverse model cannot hold, or that cannot score
+# --------------------------------------------------------------------------------------------
+
+
+class WarmStartRan(Exception):
+    pass
+
+
+@pytest.fixture
+def no_warm_start(monkeypatch):
+    """The warm start raises: what is checked before it never reaches it."""
+
+    def refuse(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise WarmStartRan
+
+    monkeypatch.setattr(reverse, "warm_start_hf", refuse)
+    monkeypatch.setattr(reverse, "_WARM_STATES", {})
+
+
+@pytest.mark.parametrize("command", ["train", "compare"])
+def test_completion_past_the_models_positions_is_refused_before_the_warm_start(
+    tmp_path, capsys, no_warm_start, command
+):
+    """Was an IndexError in generation after the ~37 s warm start (17 + 30 > 40 positions)."""
+    argv = [command, "--task", "reverse", "--max_completion_length", "30",
+            "--output_dir", str(tmp_path / "out")]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"gmpo {command}: error: --max_completion_length 30: the reverse task's prompt (17 "
+        "tokens) and completion need 47 positions, its model has 40; give at most 23"
+    ]
+    assert not (tmp_path / "out").exists()
+
+
+def test_longest_completion_the_model_holds_is_accepted(tmp_path, capsys, no_warm_start):
+    argv = ["train", "--task", "reverse", "--max_completion_length", "23",
+            "--output_dir", str(tmp_path)]  # fmt: skip
+    with pytest.raises(WarmStartRan):  # past the checks: the run starts
+        main(argv)
+    assert capsys.readouterr().err == ""
+
+
+def test_completion_shorter_than_the_answer_warns_before_the_warm_start(tmp_path, capsys,
+                                                                        no_warm_start):  # fmt: skip
+    argv = ["train", "--task", "reverse", "--max_completion_length", "8",
+            "--output_dir", str(tmp_path)]  # fmt: skip
+    with pytest.raises(WarmStartRan):
+        main(argv)
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "gmpo train: warning: --max_completion_length 8 is shorter than the reverse task's answer "
+        "(16 tokens): no completion can earn its exact-match reward"
+    ]

@@ -443,3 +443,40 @@ def test_verl_token_mean_refuses_too_few_global_tokens() -> None:
     cfg.global_batch_info["batch_num_tokens"] = 99
     loss, _ = gmpo_verl.compute_policy_loss_gmpo(**args)
     assert torch.isfinite(loss)
+
+
+# Regression, defect 14 of issue 25: clip_ratio_low=True (read as 1.0) and "0.3" went through
+# float() while clip_ratio_c=True was refused, and "abc" failed without naming the key. Now every
+# clip key takes a number only (verl's configs come from Hydra/OmegaConf, which types them), and
+# each error names the key it read, clip_ratio included when it stands in for a null bound.
+@pytest.mark.parametrize("value", [True, "0.3", "3.0", "abc"], ids=repr)
+@pytest.mark.parametrize(
+    ("key", "fields"),
+    [
+        ("clip_ratio_low", {}),
+        ("clip_ratio_high", {}),
+        ("clip_ratio_c", {}),
+        ("clip_ratio", {"clip_ratio_low": None, "clip_ratio_high": None}),
+    ],
+)
+def test_clip_keys_take_numbers_only_and_errors_name_the_key(
+    actor_config, key: str, fields: dict[str, Any], value: Any
+) -> None:
+    batch = _batch()
+    config = actor_config(info=_info(batch), **fields, **{key: value})
+    with pytest.raises(ValueError, match=rf"^{key} must be a finite number .*got {value!r}"):
+        _call(config, slice(None), batch, batch["log_prob"], "gmpo_dual_clip")
+
+
+# Regression, defect 14 of issue 25: batch_num_tokens=0 was reported as "= 1" (the denominator it
+# had been raised to), not as the value given.
+def test_too_few_global_tokens_reports_the_value_given(actor_config) -> None:
+    batch = _batch()
+    info = _info(batch) | {"batch_num_tokens": 0}
+    config = actor_config(loss_agg_mode="token-mean", info=info)
+    with pytest.raises(ValueError, match=r"\['batch_num_tokens'\] = 0 is smaller .* own 49 "):
+        _call(config, slice(None), batch, batch["log_prob"])
+    # a global mini-batch without a valid token is consistent with a micro-batch without one
+    empty = {k: v[[2]] for k, v in batch.items()}  # row 2 is fully masked
+    loss, _ = _call(config, [0], empty, empty["log_prob"])
+    assert loss.item() == 0.0

@@ -12,17 +12,19 @@
 on the CPU (no flag needed). Under the output directory: ``metrics.jsonl`` (one JSON object per
 logged step), ``metrics.png`` (reward, token log-ratio range, clip fractions and entropy per
 step), ``summary.json``/``summary.md``; ``compare`` writes ``grpo/seed<k>/``, ``gmpo/seed<k>/``,
-``compare.png`` and ``summary.md``. A bad argument gets one line on stderr and exit status 2.
+``compare.png`` and ``summary.md``. A bad argument gets one line on stderr and exit status 2;
+Ctrl-C stops a run with its metrics, plot and summary of the steps done, and exit status 130.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
 from gmpo_trl.cli.commands import COMMANDS, USAGE
-from gmpo_trl.cli.errors import CLIError
+from gmpo_trl.cli.errors import CLIError, Interrupted
 
 # The package: ``commands`` (the command registry), ``arguments`` (each command's own arguments),
 # ``defaults`` (the defaults of a run; no TRL import), ``help`` (``--help`` from those tables),
@@ -34,8 +36,29 @@ from gmpo_trl.cli.errors import CLIError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``gmpo`` console script."""
+    """Entry point of the ``gmpo`` console script. Ctrl-C ends it with one line and status 130
+    (during training, after the summary and plot of the steps done); a reader that closed the
+    pipe (``gmpo train --help | head``) ends it quietly, with status 141 (128 + SIGPIPE)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    prog = f"gmpo {argv[0]}" if argv and argv[0] in COMMANDS else "gmpo"
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is then caught below
+    except BrokenPipeError:
+        # Python's recipe: no further writes (nor the flush at exit) to the closed pipe
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+    except Interrupted as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    return status
+
+
+def _main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE + "\n\n" + (__doc__ or "").strip())
         return 0 if argv else 2

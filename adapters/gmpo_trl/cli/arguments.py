@@ -51,7 +51,8 @@ class CompareArguments(ScriptArguments):
     """``gmpo compare``'s own options."""
 
     grpo_epsilon: float = field(
-        default=0.2, metadata={"help": "GRPO's clip epsilon (ratio space: 1 ± epsilon)."}
+        default=0.2,
+        metadata={"help": "GRPO's clip epsilon (ratio space: 1 ± epsilon), in (0, 1)."},
     )
     seeds: int = field(
         default=1,

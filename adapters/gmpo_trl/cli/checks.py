@@ -146,10 +146,13 @@ def check_run(config: Any) -> None:
     if not (isinstance(lr, int | float) and math.isfinite(lr) and lr >= 0):
         raise CLIError(f"--learning_rate must be a finite number >= 0, got {lr!r}")
     check_output_dir(config.output_dir)
+    check_report_to(config.report_to)
 
 
 def check_output_dir(spec: str) -> None:
-    """The output directory, or its nearest existing parent, is a directory (it is made later)."""
+    """The output directory, or its nearest existing parent, is a directory (it is made later)
+    in which a file can be created (tried: permission bits do not bind root, a read-only
+    filesystem does)."""
     path = Path(spec).expanduser()
     for existing in (path, *path.parents):
         if existing.exists():
@@ -157,4 +160,102 @@ def check_output_dir(spec: str) -> None:
                 raise CLIError(
                     f"--output_dir {spec!r}: {str(existing)!r} is a file, not a directory"
                 )
+            _check_writable(spec, existing)
             return
+
+
+def _check_writable(spec: str, directory: Path) -> None:
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=directory, prefix=".gmpo-write-check-"):
+            pass
+    except OSError as err:
+        raise CLIError(
+            f"--output_dir {spec!r}: cannot create files in {str(directory)!r} "
+            f"({err.strerror or type(err).__name__})"
+        ) from err
+
+
+#: report_to integrations whose login is checked before the run (they fail at its first step)
+_PIP_NAMES = {"wandb": "wandb", "tensorboard": "tensorboard", "mlflow": "mlflow"}
+
+
+def check_report_to(report_to: Any) -> None:
+    """Each ``--report_to`` integration is installed, and wandb is logged in (or offline):
+    without, the Trainer fails at the start of training (after the model and data are loaded)."""
+    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    names = [n for n in names if n not in ("none", "all")]  # TrainingArguments resolves "all"
+    if not names:
+        return
+    from transformers.integrations import get_available_reporting_integrations
+
+    available = set(get_available_reporting_integrations())
+    for name in names:
+        if name == "wandb":
+            _check_wandb()
+        elif name not in available:
+            raise CLIError(
+                f"--report_to {name}: not installed (pip install {_PIP_NAMES.get(name, name)}), "
+                "or leave it out of --report_to"
+            )
+
+
+def _check_wandb() -> None:
+    """wandb imports, and has an API key unless WANDB_MODE is offline or disabled (its own
+    ``wandb.login``, without verifying the key over the network; on a terminal it asks)."""
+    try:
+        import wandb
+    except ImportError as err:
+        raise CLIError(
+            "--report_to wandb: wandb is not installed (pip install wandb), or leave it out of "
+            "--report_to"
+        ) from err
+    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"):
+        return
+    try:
+        wandb.login(verify=False)
+    except Exception as err:  # wandb's UsageError (no key, no terminal) and the like
+        line = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CLIError(
+            f"--report_to wandb: not logged in ({line}); run `wandb login`, set WANDB_API_KEY, or "
+            "set WANDB_MODE=offline"
+        ) from err
+
+
+def check_grpo_epsilon(value: Any) -> float:
+    """``gmpo compare``'s GRPO clip: a finite number in (0, 1), so that the ratio range
+    [1 - eps, 1 + eps] has a positive lower bound (TRL checks none of it)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
+        raise CLIError(
+            "--grpo_epsilon must be a finite number in (0, 1) (GRPO's ratio clip [1 - eps, "
+            f"1 + eps]), got {value!r}"
+        )
+    return float(value)
+
+
+def check_task_lengths(script: Any, config: Any, command: str) -> None:
+    """A built-in model with a fixed number of positions (the reverse task's: learned
+    positions) holds the prompt and the longest completion (beyond, generation ends in an
+    IndexError after the warm start); a completion shorter than the task's answer cannot earn
+    its reward: a warning."""
+    if script.model is not None or script.dataset is not None:
+        return
+    task = get_task(script.task)
+    if task.lengths is None:
+        return
+    prompt, positions, answer = task.lengths()
+    n = config.max_completion_length
+    if n is not None and prompt + n > positions:
+        raise CLIError(
+            f"--max_completion_length {n}: the {task.name} task's prompt ({prompt} tokens) and "
+            f"completion need {prompt + n} positions, its model has {positions}; give at most "
+            f"{positions - prompt}"
+        )
+    if n is not None and n < answer and not script.reward:
+        print(
+            f"gmpo {command}: warning: --max_completion_length {n} is shorter than the "
+            f"{task.name} task's answer ({answer} tokens): no completion can earn its "
+            "exact-match reward",
+            file=sys.stderr,
+        )

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from gmpo_tasks.rules import DROP, WINDOW
-from gmpo_trl.cli.checks import check_inputs
+from gmpo_trl.cli.checks import check_grpo_epsilon, check_inputs, check_task_lengths
 from gmpo_trl.cli.errors import CLIError
 from gmpo_trl.cli.parsing import Parsed
 from gmpo_trl.cli.plots import log_clip_range, plot_compare
 from gmpo_trl.cli.reports import FINAL_STEPS, JUDGED_FROM, compare_table
-from gmpo_trl.cli.runs import quiet, run
+from gmpo_trl.cli.runs import interruptible, quiet, run, stop_if_interrupted
 
 
 def configs(parsed: Parsed) -> tuple[Any, Any]:
@@ -31,10 +31,10 @@ def configs(parsed: Parsed) -> tuple[Any, Any]:
     gmpo = parsed.config(GMPOConfig)
     if parsed.script.seeds < 1:
         raise CLIError(f"--seeds must be at least 1, got {parsed.script.seeds}")
+    epsilon = check_grpo_epsilon(parsed.script.grpo_epsilon)
     check_inputs(parsed.script)
-    grpo = parsed.config(
-        GRPOConfig, loss_type="grpo", epsilon=parsed.script.grpo_epsilon, epsilon_high=None
-    )
+    check_task_lengths(parsed.script, gmpo, "compare")
+    grpo = parsed.config(GRPOConfig, loss_type="grpo", epsilon=epsilon, epsilon_high=None)
     return grpo, gmpo
 
 
@@ -54,12 +54,13 @@ def main(parsed: Parsed) -> Path:
     for k in range(script.seeds):
         seed = first_seed + k
         for name, config, cls in (
-            ("GRPO", grpo_config, RangeLoggingGRPOTrainer),
-            ("GMPO", gmpo_config, GMPOTrainer),
+            ("GRPO", grpo_config, interruptible(RangeLoggingGRPOTrainer)),
+            ("GMPO", gmpo_config, interruptible(GMPOTrainer)),
         ):
             config.seed = seed
             config.output_dir = str(base / name.lower() / f"seed{seed}")
             done = run(script, config, cls, f"gmpo compare ({name}, seed {seed})")
+            stop_if_interrupted(done, config.output_dir)  # its run's outputs; no compare table
             runs[name].append(done.rows)
             summaries[name].append(done.summary)
     plot_compare(runs, base / "compare.png", bounds)

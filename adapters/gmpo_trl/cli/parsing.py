@@ -97,6 +97,41 @@ def read_config_file(path: str) -> dict[str, Any]:
     return data
 
 
+def _typed(parser: Any, data: dict[str, Any], path: str) -> dict[str, Any]:
+    """``--config``'s values as the command line would give them: argparse converts a string
+    default only, so a YAML number, list or boolean reached the config as it was (``max_steps:
+    [1, 2]`` failed deep in TRL, ``reward: mod:fn`` was split into characters). A list option
+    (``nargs='+'``) given one value gets a list of it; an int or float option gets one number
+    of its type."""
+    actions = {a.dest: a for a in parser._actions if a.option_strings}
+    out = dict(data)
+    for key, value in data.items():
+        action = actions.get(key)
+        if action is None or value is None:
+            continue
+        if action.nargs in ("+", "*"):
+            if action.type in (str, float) and not isinstance(value, list | tuple):
+                value = [value]
+            if action.type is float and isinstance(value, list | tuple):
+                value = [_number(float, v, f"--config {path!r}: --{key}") for v in value]
+            out[key] = value
+        elif action.type in (int, float):
+            out[key] = _number(action.type, value, f"--config {path!r}: --{key}")
+    return out
+
+
+def _number(kind: type, value: Any, where: str) -> Any:
+    """``value`` (a YAML scalar) as ``kind`` (int or float), as argparse converts the string."""
+    problem = f"{where} must be one {kind.__name__}, got {value!r}"
+    if isinstance(value, str):
+        return value  # argparse converts (and refuses) a string default itself
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise CLIError(problem)
+    if kind is int and not isinstance(value, int):
+        raise CLIError(problem)
+    return kind(value)
+
+
 def _pop_config(argv: list[str]) -> str | None:
     """Remove ``--config FILE`` (or ``--config=FILE``) from argv; return FILE."""
     for i, arg in enumerate(argv):
@@ -119,6 +154,7 @@ def parse(command: str, argv: list[str]) -> Parsed:
     for action in parser._actions:
         if action.default is not argparse.SUPPRESS:
             action.default, action.required = _UNSET, False
+    from_file = _typed(parser, from_file, path) if path is not None else from_file
     file_rest = parser.set_defaults_with_config(**from_file)  # unknown keys as ["--key", "value"]
     namespace, rest = parser.parse_known_args(argv)
     if file_rest or rest:

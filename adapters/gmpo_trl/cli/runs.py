@@ -13,7 +13,7 @@ from gmpo_tasks.registry import get_task
 from gmpo_tasks.task import Task
 from gmpo_trl.cli.callbacks import json_lines, quiet_progress_bar
 from gmpo_trl.cli.checks import check_model, load_dataset, resolve_reward
-from gmpo_trl.cli.errors import CLIError
+from gmpo_trl.cli.errors import CLIError, Interrupted
 from gmpo_trl.cli.plots import log_clip_range, plot_training
 from gmpo_trl.cli.reports import read_metrics, run_summary, summary_line, summary_markdown
 
@@ -90,3 +90,37 @@ def run(script: Any, config: Any, trainer_cls: type, title: str) -> Run:
     (out / "summary.md").write_text(summary_markdown(summary, line))
     print(f"{line}; outputs in {out}")
     return Run(trainer, rows, summary)
+
+
+def interruptible(trainer_cls: type) -> type:
+    """``trainer_cls`` whose ``train()`` returns on Ctrl-C (a ``KeyboardInterrupt``) with
+    ``interrupted`` set, so that the run's metrics, plot and summary are written for the steps
+    done (:func:`stop_if_interrupted` then ends the command)."""
+
+    class Interruptible(trainer_cls):  # type: ignore[misc, valid-type]
+        interrupted = False
+
+        def train(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().train(*args, **kwargs)
+            except KeyboardInterrupt:
+                self.interrupted = True
+                for callback in self.callback_handler.callbacks:  # the progress bar's last line
+                    bar = getattr(callback, "training_bar", None)
+                    if bar is not None:
+                        bar.close()
+                        callback.training_bar = None
+                return None
+
+    Interruptible.__name__ = Interruptible.__qualname__ = trainer_cls.__name__
+    return Interruptible
+
+
+def stop_if_interrupted(done: Run, output_dir: str | Path) -> None:
+    """Raise :class:`~gmpo_trl.cli.errors.Interrupted` after a run that Ctrl-C stopped."""
+    if getattr(done.trainer, "interrupted", False):
+        state = done.trainer.state
+        raise Interrupted(
+            f"interrupted after {state.global_step} of {state.max_steps} optimizer steps; the "
+            f"summary and plot of the steps done are in {output_dir}"
+        )

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gmpo_trl.cli.checks import check_inputs
+from gmpo_trl.cli.checks import check_inputs, check_task_lengths
 from gmpo_trl.cli.parsing import Parsed
-from gmpo_trl.cli.runs import quiet, run
+from gmpo_trl.cli.runs import interruptible, quiet, run, stop_if_interrupted
 
 
 def main(parsed: Parsed) -> Path:
@@ -15,7 +15,9 @@ def main(parsed: Parsed) -> Path:
 
     config = parsed.config(GMPOConfig)
     check_inputs(parsed.script)
+    check_task_lengths(parsed.script, config, "train")
     quiet()
-    done = run(parsed.script, config, GMPOTrainer, "gmpo train")
+    done = run(parsed.script, config, interruptible(GMPOTrainer), "gmpo train")
+    stop_if_interrupted(done, config.output_dir)  # no final model: it is not the run asked for
     done.trainer.save_model(str(Path(config.output_dir) / "final"))
     return Path(config.output_dir)
