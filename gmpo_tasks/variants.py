@@ -66,14 +66,8 @@ def policy_loss(advantages: Tensor, log_coef: Tensor, valid: Tensor) -> Tensor:
     return torch.where(active, per_row, 0).mean()
 
 
-def gmpo_from_blocks(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    epsilon: float = 0.4,
-    epsilon_high: float | None = None,
-) -> Tensor:
+def gmpo_from_blocks(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
+    epsilon: float = 0.4, epsilon_high: float | None = None) -> Tensor:  # fmt: skip
     """GMPO (paper Eq. 4): per-token log-space clip, then the geometric mean of the ratios."""
     r, valid = masked_log_ratio(logp, old_logp, mask)  # (B, T)
     c = trust_region_log_ratio(r, advantages, epsilon=epsilon, epsilon_high=epsilon_high)  # (B, T)
@@ -81,14 +75,8 @@ def gmpo_from_blocks(
     return policy_loss(advantages, log_coef, valid)
 
 
-def sequence_clip_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    epsilon: float = 0.4,
-    epsilon_high: float | None = None,
-) -> Tensor:
+def sequence_clip_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
+    epsilon: float = 0.4, epsilon_high: float | None = None) -> Tensor:  # fmt: skip
     """Ablation: clip the sequence's mean log-ratio instead of each token's."""
     r, valid = masked_log_ratio(logp, old_logp, mask)  # (B, T)
     s = masked_geometric_mean(r, valid)  # (B,) unclipped mean log-ratio
@@ -96,14 +84,8 @@ def sequence_clip_loss(
     return policy_loss(advantages, log_coef, valid)  # log_coef: (B,)
 
 
-def no_length_norm_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    epsilon: float = 0.4,
-    epsilon_high: float | None = None,
-) -> Tensor:
+def no_length_norm_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
+    epsilon: float = 0.4, epsilon_high: float | None = None) -> Tensor:  # fmt: skip
     """Ablation: the product of the clipped token ratios, without the 1/|o| root."""
     r, valid = masked_log_ratio(logp, old_logp, mask)  # (B, T)
     c = trust_region_log_ratio(r, advantages, epsilon=epsilon, epsilon_high=epsilon_high)  # (B, T)
@@ -111,27 +93,15 @@ def no_length_norm_loss(
     return policy_loss(advantages, log_coef, valid)
 
 
-def no_clip_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    epsilon: float = 0.4,
-    epsilon_high: float | None = None,
-) -> Tensor:
+def no_clip_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
+    epsilon: float = 0.4, epsilon_high: float | None = None) -> Tensor:  # fmt: skip
     """Ablation: the geometric mean of the unclipped ratios (epsilon is ignored)."""
     r, valid = masked_log_ratio(logp, old_logp, mask)  # (B, T)
     return policy_loss(advantages, masked_geometric_mean(r, valid), valid)
 
 
-def grpo_arithmetic_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    epsilon: float = 0.2,
-    epsilon_high: float | None = None,
-) -> Tensor:
+def grpo_arithmetic_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
+    epsilon: float = 0.2, epsilon_high: float | None = None) -> Tensor:  # fmt: skip
     """GRPO: arithmetic token mean of PPO's clipped ratio objective, clip in ratio space."""
     eps_high = epsilon if epsilon_high is None else epsilon_high
     a = advantages[:, None]  # (B, 1)
@@ -142,16 +112,8 @@ def grpo_arithmetic_loss(
     return -per_row.mean()
 
 
-def asymmetric_clip_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    epsilon: float = 0.4,
-    epsilon_high: float | None = 0.6,
-    *,
-    impl: str = "plain",
-) -> Tensor:
+def asymmetric_clip_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
+    epsilon: float = 0.4, epsilon_high: float | None = 0.6, *, impl: str = "plain") -> Tensor:  # fmt: skip
     """GMPO with the clip range (e^-epsilon, e^epsilon_high)."""
     out = gmpo_loss(
         logp, old_logp, advantages, mask, epsilon=epsilon, epsilon_high=epsilon_high, impl=impl
@@ -159,14 +121,8 @@ def asymmetric_clip_loss(
     return out.loss
 
 
-def asymmetric_clip_from_blocks(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    epsilon: float = 0.4,
-    epsilon_high: float | None = 0.6,
-) -> Tensor:
+def asymmetric_clip_from_blocks(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
+    epsilon: float = 0.4, epsilon_high: float | None = 0.6) -> Tensor:  # fmt: skip
     """GMPO with an asymmetric clip range, through PPO's min/max form of the trust region."""
     r, valid = masked_log_ratio(logp, old_logp, mask)  # (B, T)
     clipped = clip_log_ratio(r, epsilon=epsilon, epsilon_high=epsilon_high)  # (B, T)
