@@ -51,13 +51,16 @@ from typing import Any
 from _common import (
     IMG_DIR,
     REPO,
-    RESULTS_DIR,
+    RESULTS,
     cpu_model,
     dist_version,
     proc_status_kib,
     reset_peak_rss,
     run_meta,
 )
+
+#: where this benchmark writes (``make figures-lm-head``)
+RESULTS_DIR = RESULTS / "figures-lm-head"
 
 PATHS = ("materialized", "trl", "gmpo")
 W_ROW_STRIDE = 97  # rows of the weight gradient saved for the cross-path comparison

@@ -2,7 +2,7 @@
 
 Run from the repository root (``benchmarks/README.md`` explains the method)::
 
-    python benchmarks/bench_loss.py            # the full run; writes benchmarks/results/loss_cpu.*
+    python benchmarks/bench_loss.py            # the full run; writes results/figures-bench/loss_cpu.*
     python benchmarks/bench_loss.py --quick    # tiny shapes, no compile study: proves it runs (CI)
 
 Four things, in one run:
@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from _common import (
     MALLOC_ENV,
-    RESULTS_DIR,
+    RESULTS,
     command_line,
     environment,
     proc_status_kib,
@@ -57,6 +57,9 @@ from _hosts import EPSILON, trl_gmpo_loss, verl_config, verl_geo_mean_loss
 from torch import Tensor
 
 from gmpo_core import gmpo_loss
+
+#: where this benchmark writes (``make figures-bench``)
+RESULTS_DIR = RESULTS / "figures-bench"
 
 SHAPES = ((2, 16), (8, 256), (64, 2048), (256, 4096))
 QUICK_SHAPES = ((2, 16), (8, 256))
@@ -177,6 +180,7 @@ _LOOP = """
 import random, sys, time, torch
 import bench_loss as b
 from gmpo_core import gmpo_loss
+
 torch.set_num_threads(1)
 rng = random.Random(0)
 dtype = getattr(torch, sys.argv[2]); kl = sys.argv[3] == "kl"
@@ -275,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cpu", help="cuda: times only (no memory or compile study)")
     p.add_argument("--shapes", help="comma-separated BxT, e.g. 64x2048,256x4096")
     p.add_argument("--impls", default=",".join(IMPLS), help="comma-separated rows to run")
-    p.add_argument("--tag", default="cpu", help="results file: benchmarks/results/loss_<tag>.*")
+    p.add_argument("--tag", default="cpu", help="results file: results/figures-bench/loss_<tag>.*")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: CPU-time clock)")
     args = p.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv

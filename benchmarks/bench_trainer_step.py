@@ -75,7 +75,7 @@ from typing import Any
 from _common import (
     MALLOC_ENV,
     REPO,
-    RESULTS_DIR,
+    RESULTS,
     cpu_model,
     dist_version,
     loadavg,
@@ -83,6 +83,9 @@ from _common import (
     reset_peak_rss,
     run_meta,
 )
+
+#: where this benchmark writes (``make figures-lm-head``)
+RESULTS_DIR = RESULTS / "figures-lm-head"
 
 VARIANTS = ("trl", "gmpo")
 PROMPT_LEN = 2  # the toy prompts "d=" are two characters, two tokens

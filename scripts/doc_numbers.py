@@ -1,6 +1,6 @@
 """Every measured number in the checked docs pages comes from a results file.
 
-``make figures`` regenerates the results files (``results/``, ``benchmarks/results/``) and the
+``make figures`` regenerates the results files (``results/<target>/``) and the
 figures (``docs/img/``); the pages quote them. This script reads each page registered in
 ``PAGES``, takes every number in its prose and tables, and reports the ones that no number in
 the page's results files rounds to (at the precision the page writes: ``0.72`` matches

@@ -9,9 +9,9 @@
 #   2. the device-generic core tests (tests/core/test_properties.py, plain path) with
 #      GMPO_TEST_DEVICE=cuda: every property computed on CUDA tensors;
 #   3. the loss benchmark: gmpo plain and compiled, TRL's and verl's GMPO (both transcribed in
-#      benchmarks/_hosts.py) -> benchmarks/results/loss_cuda_fp32.{md,json};
-#   4. the LM-head benchmark -> benchmarks/results/lm_head_cuda.{md,json};
-#   and the whole log -> benchmarks/results/gpu_cuda.log.
+#      benchmarks/_hosts.py) -> results/figures-bench/loss_cuda_fp32.{md,json};
+#   4. the LM-head benchmark -> results/figures-lm-head/lm_head_cuda.{md,json};
+#   and the whole log -> results/gpu/gpu_cuda.log.
 #
 #   bash scripts/gpu.sh                       # on a GPU machine
 #   GMPO_GPU_DRY_RUN=1 bash scripts/gpu.sh    # CI: the same steps on the CPU at tiny sizes,
@@ -55,8 +55,8 @@ else
         --impls "gmpo plain,gmpo compiled,TRL,verl" --tag cuda_fp32)
   LM_HEAD=(--tokens 1024,4096 --repeats 1 --sweep-repeats 1 --tag cuda)
   LIMITS=(100 55 55 55)  # 265 s, and the start: within five minutes
-  mkdir -p benchmarks/results
-  exec > >(tee benchmarks/results/gpu_cuda.log) 2>&1
+  mkdir -p results/gpu
+  exec > >(tee results/gpu/gpu_cuda.log) 2>&1
 fi
 export GMPO_TEST_DEVICE=$DEVICE
 

@@ -41,7 +41,7 @@ def test_plain_path_holds_few_full_size_tensors(extra: str) -> None:
     """At most 6 (B, T) tensors alive at once (8 with the KL term), the gradient included: the
     0/1 mask, r, q, the clipped q and two temporaries. Dead tensors are dropped before the
     gradient's temporaries are made; before that, the path held 8 (11 with KL): 32 MiB beyond
-    its inputs at 256x4096 instead of 24 (benchmarks/results/loss_cpu.md)."""
+    its inputs at 256x4096 instead of 24 (results/figures-bench/loss_cpu.md)."""
     b, t = 16, 64
     g = torch.Generator().manual_seed(0)
     logp = (-torch.rand(b, t, generator=g)).requires_grad_()
