@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gmpo_trl.cli.checks import check_inputs
+from gmpo_trl.cli.checks import check_inputs, check_resume
 from gmpo_trl.cli.parsing import Parsed
 from gmpo_trl.cli.runs import quiet, run
 
@@ -56,7 +56,8 @@ def main(parsed: Parsed) -> Path:
 
     config = parsed.config(GMPOConfig)
     check_inputs(parsed.script)
+    resume = check_resume(config.resume_from_checkpoint, config.output_dir)
     quiet()
-    done = run(parsed.script, config, GMPOTrainer, "gmpo train")
+    done = run(parsed.script, config, GMPOTrainer, "gmpo train", resume=resume)
     done.trainer.save_model(str(Path(config.output_dir) / "final"))
     return Path(config.output_dir)
