@@ -11,10 +11,14 @@ processes. Everything else (generation, rewards, advantages, vLLM, saving) is GR
 
 from __future__ import annotations
 
+import os
+import pickle
+import warnings
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
 from gmpo_core import gmpo_loss, sequence_kl
@@ -24,6 +28,8 @@ from gmpo_trl.config import GMPOConfig, check_config
 from gmpo_trl.head_swap import lm_head_swapped
 
 FORWARD_KEYS = forward_keys()
+#: the part of a GMPOTrainer checkpoint that GRPOTrainer's own files do not hold, one per process
+RESUME_STATE = "gmpo_trainer_state_{}.pt"
 # the adaptive entropy controller's window mean, read with the metrics (not logged)
 _WORLD_ENTROPY = "_world_entropy"
 
@@ -61,6 +67,60 @@ class GMPOTrainer(GRPOTrainer):
         check_liger(args.use_liger_kernel)
         check_compute_loss()
         super().__init__(model, reward_funcs, args=args, **kwargs)
+
+    # ------------------------------------------------------------------------------------------
+    # checkpoints: what GRPOTrainer's own files leave out
+    # ------------------------------------------------------------------------------------------
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """GRPOTrainer's checkpoint (weights, optimizer, scheduler, RNG states, trainer state and
+        the entropy controller's ``entropy_ctrl_state.json``), plus, per process,
+        :data:`RESUME_STATE`: the micro-batch counter ``_step``, the accumulation window's
+        entropy sums, and the buffered rollouts when the checkpoint falls inside a generation's
+        buffer (``steps_per_generation * num_iterations`` micro-batches), which GRPOTrainer
+        would otherwise regenerate from new samples on resuming."""
+        super()._save_checkpoint(model, trial)
+        folder = os.path.join(
+            self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        )
+        os.makedirs(folder, exist_ok=True)
+        every = self.args.steps_per_generation * self.num_iterations
+        state = {
+            "step": self._step,
+            "generate_every": every,
+            "steps_per_generation": self.args.steps_per_generation,
+            "entropy_window_stats": self._entropy_window_stats,
+            "buffered_inputs": self._buffered_inputs if self._step % every else None,
+        }
+        torch.save(state, os.path.join(folder, RESUME_STATE.format(self.accelerator.process_index)))
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """GRPOTrainer's (which restores the entropy controller), then :data:`RESUME_STATE`."""
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        path = os.path.join(checkpoint, RESUME_STATE.format(self.accelerator.process_index))
+        if not os.path.isfile(path):  # a checkpoint of GRPOTrainer, or of an older gmpo_trl
+            return
+        try:
+            state = torch.load(path, map_location=self.accelerator.device, weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError) as err:  # a buffer torch will not load
+            warnings.warn(f"gmpo_trl: {path} not restored ({err}); resuming as GRPOTrainer does "
+                          "(rollouts regenerated at the next step)", stacklevel=2)  # fmt: skip
+            return
+        self._step = state["step"]
+        self._entropy_window_stats = state["entropy_window_stats"]
+        every = self.args.steps_per_generation * self.num_iterations
+        same = (state["generate_every"], state["steps_per_generation"]) == (
+            every, self.args.steps_per_generation
+        )  # fmt: skip
+        self._buffered_inputs = state["buffered_inputs"] if same else None
+        if not same and state["buffered_inputs"] is not None:
+            warnings.warn(
+                "gmpo_trl: the checkpoint's buffered rollouts were made with "
+                f"steps_per_generation * num_iterations = {state['generate_every']}, this run has "
+                f"{every}: they are regenerated at the next step", stacklevel=2,
+            )  # fmt: skip
 
     # ------------------------------------------------------------------------------------------
     # the loss step

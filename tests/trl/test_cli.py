@@ -116,6 +116,9 @@ def test_reward_and_dataset_options(tmp_path, monkeypatch):
         (["compare", "--grpo_epsilon", "0"], "--grpo_epsilon must be a finite number in (0, 1)"),
         (["compare", "--grpo_epsilon", "1"], "--grpo_epsilon must be a finite number in (0, 1)"),
         (["compare", "--grpo_epsilon", "inf"], "--grpo_epsilon must be a finite number in (0, 1)"),
+        # gmpo compare ignored it (trained from step 1)
+        (["compare", "--resume_from_checkpoint", "true"],
+         "--resume_from_checkpoint: gmpo compare does not resume"),
         # issue 25, defect 12: YAML values of the wrong shape
         (["train", "--config", "list.yaml"],
          "--config 'list.yaml': --max_steps must be one int, got [1, 2]"),

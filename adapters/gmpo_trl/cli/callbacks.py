@@ -11,14 +11,20 @@ from gmpo_trl.cli.reports import has_range
 
 
 def json_lines(path: Path) -> Any:
-    """A callback that appends every log (one per logged step) to a JSON-lines file."""
+    """A callback that appends every log (one per logged step) to a JSON-lines file. The file
+    starts with the logs of the trainer state the run begins from: none for a fresh run; for a
+    resumed one, the checkpoint's (its ``log_history``: the rows of the steps up to the
+    checkpoint, as they were written), so that rows of later steps written before are replaced
+    by the resumed run's and each step appears once."""
     from transformers import TrainerCallback
 
     class JsonLines(TrainerCallback):  # type: ignore[misc]
         def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             if state.is_world_process_zero:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text("")
+                rows = [{"step": h["step"], **{k: v for k, v in h.items() if k != "step"}}
+                        for h in state.log_history]  # fmt: skip
+                path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **_: Any) -> None:
             if state.is_world_process_zero and logs:

@@ -259,3 +259,34 @@ def check_task_lengths(script: Any, config: Any, command: str) -> None:
             "exact-match reward",
             file=sys.stderr,
         )
+
+
+_RESUME_ACCEPTED = (
+    "give a checkpoint directory (checkpoint-N, as --save_steps writes them) or true (the last "
+    "one in --output_dir)"
+)
+
+
+def check_resume(value: str | None, output_dir: str) -> str | None:
+    """``--resume_from_checkpoint``: the checkpoint directory to resume from, or None (not set,
+    or ``false``). ``true`` is the last ``checkpoint-N`` in ``output_dir``, as
+    ``Trainer.train(resume_from_checkpoint=True)`` takes it; a directory must hold the trainer
+    state (``trainer_state.json``), without which transformers would restart at step 0."""
+    if value is None or str(value).lower() == "false":
+        return None
+    if str(value).lower() == "true":
+        from transformers.trainer_utils import get_last_checkpoint
+
+        out = Path(output_dir).expanduser()
+        last = get_last_checkpoint(str(out)) if out.is_dir() else None
+        if last is None:
+            raise CLIError(f"--resume_from_checkpoint true: no checkpoint-N directory in "
+                           f"--output_dir {output_dir!r}; {_RESUME_ACCEPTED}")  # fmt: skip
+        value = last
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise CLIError(f"--resume_from_checkpoint {value!r}: no such directory; {_RESUME_ACCEPTED}")
+    if not (path / "trainer_state.json").is_file():
+        raise CLIError(f"--resume_from_checkpoint {value!r}: not a checkpoint (no "
+                       f"trainer_state.json); {_RESUME_ACCEPTED}")  # fmt: skip
+    return str(path)

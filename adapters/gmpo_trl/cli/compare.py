@@ -31,6 +31,11 @@ def configs(parsed: Parsed) -> tuple[Any, Any]:
     gmpo = parsed.config(GMPOConfig)
     if parsed.script.seeds < 1:
         raise CLIError(f"--seeds must be at least 1, got {parsed.script.seeds}")
+    if gmpo.resume_from_checkpoint not in (None, False, "false", "False"):
+        raise CLIError(
+            "--resume_from_checkpoint: gmpo compare does not resume (it trains a run per method "
+            "and seed); resume one run with gmpo train --resume_from_checkpoint"
+        )
     epsilon = check_grpo_epsilon(parsed.script.grpo_epsilon)
     check_inputs(parsed.script)
     check_task_lengths(parsed.script, gmpo, "compare")

@@ -77,10 +77,16 @@ class Run:
     summary: dict[str, Any]
 
 
-def run(script: Any, config: Any, trainer_cls: type, title: str) -> Run:
-    """Train one run; metrics.png, summary.json/.md in its output directory."""
+def run(script: Any, config: Any, trainer_cls: type, title: str, resume: str | None = None) -> Run:
+    """Train one run, from the checkpoint directory ``resume`` when given (as
+    ``Trainer.train(resume_from_checkpoint=...)`` does: the steps after it only); metrics.png,
+    summary.json/.md in its output directory."""
     trainer = build_trainer(script, config, trainer_cls)
-    trainer.train()
+    if resume is not None:
+        done = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"]
+        total = f" of {trainer.args.max_steps}" if trainer.args.max_steps > 0 else ""
+        print(f"resuming from {resume} at step {done}{total}")
+    trainer.train(resume_from_checkpoint=resume)
     out = Path(config.output_dir)
     rows = read_metrics(out / "metrics.jsonl")
     plot_training(rows, out / "metrics.png", title=title, bounds=log_clip_range(config))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gmpo_trl.cli.checks import check_inputs, check_task_lengths
+from gmpo_trl.cli.checks import check_inputs, check_resume, check_task_lengths
 from gmpo_trl.cli.parsing import Parsed
 from gmpo_trl.cli.runs import interruptible, quiet, run, stop_if_interrupted
 
@@ -16,8 +16,9 @@ def main(parsed: Parsed) -> Path:
     config = parsed.config(GMPOConfig)
     check_inputs(parsed.script)
     check_task_lengths(parsed.script, config, "train")
+    resume = check_resume(config.resume_from_checkpoint, config.output_dir)
     quiet()
-    done = run(parsed.script, config, interruptible(GMPOTrainer), "gmpo train")
+    done = run(parsed.script, config, interruptible(GMPOTrainer), "gmpo train", resume=resume)
     stop_if_interrupted(done, config.output_dir)  # no final model: it is not the run asked for
     done.trainer.save_model(str(Path(config.output_dir) / "final"))
     return Path(config.output_dir)
