@@ -5,7 +5,8 @@
 function, the group's collectives traced into its graph) and runs inside the same
 ``torch.autograd.Function`` as the plain path, whose backward scales the gradient the forward
 wrote. Hyper-parameters enter as
-0-d tensors built on each call, so new values never recompile and nothing is cached across calls.
+0-d tensors filled on the device on each call (no copy from the host), so new values never
+recompile and nothing is cached across calls.
 The compiled function is created once, on first use; a failing call raises and changes nothing
 for the next one. The first call of each input signature (dtypes, devices, which optional inputs
 are given) compiles: seconds (docs/api.md gives the measured times). On the ``meta`` device,
@@ -71,9 +72,14 @@ def worth_compiling(logp: Tensor, advantages: Tensor) -> bool:
 
 
 def hyper_tensors(h: _math.Hyper, like: Tensor) -> _math.Hyper:
-    """The hyper-parameters as 0-d tensors in the compute dtype on ``like``'s device."""
-    dual = h.log_dual is not None
-    values = [h.eps_low, h.eps_high, h.log_dual if dual else 0.0, h.beta]
-    dtype = _math.compute_dtype(like.dtype)
-    eps_low, eps_high, log_dual, beta = torch.tensor(values, dtype=dtype, device=like.device)
-    return _math.Hyper(eps_low, eps_high, log_dual if dual else None, beta)
+    """The hyper-parameters as 0-d tensors in the compute dtype on ``like``'s device, each a fill
+    on the device: the number travels as a kernel argument. (``torch.tensor(<list>, device=)``
+    would copy host memory to the device, on CUDA a synchronizing copy, on every call.)"""
+
+    def fill(value: _math.Bound) -> Tensor:
+        return torch.full(
+            (), float(value), dtype=_math.compute_dtype(like.dtype), device=like.device
+        )
+
+    dual = None if h.log_dual is None else fill(h.log_dual)
+    return _math.Hyper(fill(h.eps_low), fill(h.eps_high), dual, fill(h.beta))
