@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.autograd import forward_ad
 
 from gmpo_core.metrics import ClipStats
 
@@ -171,13 +172,37 @@ def row_sum(x: Tensor, seg: Segments | None, exact: bool = False) -> Tensor:
     of packed ones accumulated in float64 (a segment's sum is sequential: in float32 it would
     lose digits with the segment's length). In ``x``'s dtype; with ``exact`` (counts), float64
     wherever ``x``'s dtype could not hold every integer of the sum (float32 counts to 2^24).
-    Shape: (B, T) -> (B,), or (N,) -> (S,)."""
+    Packed sums of a tensor that may be differentiated (:func:`differentiated`) are an
+    ``index_add`` over each token's row, which has a double backward and a forward derivative;
+    the others (the forward inside the paths' ``autograd.Function``, counts) a
+    ``torch.segment_reduce``, which has neither but is ~3x faster on CPU (0.18 against 0.59 ms
+    for 164k tokens, torch 2.13). Both sum each segment in token order on CPU, so they agree to
+    the bit there. Shape: (B, T) -> (B,), or (N,) -> (S,)."""
     if seg is None:
         if exact and x.dtype != torch.float64 and x.shape[-1] > _EXACT_FLOAT32:
             return x.sum(-1, dtype=torch.float64)
         return x.sum(-1)
-    sums = torch.segment_reduce(x.to(torch.float64), "sum", offsets=seg.offsets, unsafe=True)
+    x64 = x.to(torch.float64)
+    if differentiated(x):
+        sums = x64.new_zeros(seg.offsets.shape[0] - 1).index_add(0, seg.ids, x64)
+    else:
+        sums = torch.segment_reduce(x64, "sum", offsets=seg.offsets, unsafe=True)
     return sums if exact else sums.to(x.dtype)
+
+
+def differentiated(x: Tensor) -> bool:
+    """Whether a derivative of ``x`` may be taken: it records autograd history (a
+    ``torch.func.grad`` input too), or carries a forward-mode tangent (a dual tensor of
+    ``torch.autograd.forward_ad`` or of ``torch.func.jvp``, which ``unpack_dual`` both see).
+    Traced code is not run in forward mode: there the history decides."""
+    if x.requires_grad:
+        return True
+    return not torch.compiler.is_compiling() and has_tangent(x)
+
+
+def has_tangent(x: Tensor) -> bool:
+    """Whether ``x`` carries a forward-mode tangent at the current level (False outside one)."""
+    return forward_ad.unpack_dual(x).tangent is not None  # type: ignore[no-untyped-call]
 
 
 _EXACT_FLOAT32 = 2**24  # float32 holds every integer up to here

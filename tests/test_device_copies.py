@@ -173,6 +173,16 @@ def test_gmpo_loss_copies_nothing_to_the_device(
     assert grad.is_meta and all(v.is_meta for v in [*m.values(), *reduced.values()])
 
 
+def test_second_order_gradient_copies_nothing(impl: str) -> None:
+    args, logp = _call("packed", "all")
+    with Copies() as found:
+        out = gmpo_loss(logp, **args, impl=impl)  # type: ignore[arg-type]
+        (g,) = torch.autograd.grad(out.loss, logp, create_graph=True)
+        (hvp,) = torch.autograd.grad(g.sum(), logp)
+    assert found == []
+    assert hvp.is_meta
+
+
 @pytest.mark.parametrize("layout", ["padded", "packed"])
 def test_building_blocks_copy_nothing(layout: str) -> None:
     args, logp = _call(layout, "plain")
