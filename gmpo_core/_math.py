@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.autograd import forward_ad
 
 from gmpo_core.metrics import ClipStats
 
@@ -90,6 +91,21 @@ class Segments(NamedTuple):
 
     offsets: Tensor
     ids: Tensor
+
+
+class Cuts(NamedTuple):
+    """Where the trust region cut, with s = -1 where the clamp cut q at eps, +1 at the dual cap,
+    0 elsewhere (invalid tokens too): ``|s|`` per token, per row ``sum |s|`` and ``sum s``, and
+    the range of the log-ratio over valid tokens (:func:`log_ratio_range`).
+
+    Shape: cut (B, T) or (N,); cut_rows, signed_rows (B,); lo, hi ().
+    """
+
+    cut: Tensor
+    cut_rows: Tensor
+    signed_rows: Tensor
+    lo: Tensor
+    hi: Tensor
 
 
 class Forward(NamedTuple):
@@ -156,13 +172,37 @@ def row_sum(x: Tensor, seg: Segments | None, exact: bool = False) -> Tensor:
     of packed ones accumulated in float64 (a segment's sum is sequential: in float32 it would
     lose digits with the segment's length). In ``x``'s dtype; with ``exact`` (counts), float64
     wherever ``x``'s dtype could not hold every integer of the sum (float32 counts to 2^24).
-    Shape: (B, T) -> (B,), or (N,) -> (S,)."""
+    Packed sums of a tensor that may be differentiated (:func:`differentiated`) are an
+    ``index_add`` over each token's row, which has a double backward and a forward derivative;
+    the others (the forward inside the paths' ``autograd.Function``, counts) a
+    ``torch.segment_reduce``, which has neither but is ~3x faster on CPU (0.18 against 0.59 ms
+    for 164k tokens, torch 2.13). Both sum each segment in token order on CPU, so they agree to
+    the bit there. Shape: (B, T) -> (B,), or (N,) -> (S,)."""
     if seg is None:
         if exact and x.dtype != torch.float64 and x.shape[-1] > _EXACT_FLOAT32:
             return x.sum(-1, dtype=torch.float64)
         return x.sum(-1)
-    sums = torch.segment_reduce(x.to(torch.float64), "sum", offsets=seg.offsets, unsafe=True)
+    x64 = x.to(torch.float64)
+    if differentiated(x):
+        sums = x64.new_zeros(seg.offsets.shape[0] - 1).index_add(0, seg.ids, x64)
+    else:
+        sums = torch.segment_reduce(x64, "sum", offsets=seg.offsets, unsafe=True)
     return sums if exact else sums.to(x.dtype)
+
+
+def differentiated(x: Tensor) -> bool:
+    """Whether a derivative of ``x`` may be taken: it records autograd history (a
+    ``torch.func.grad`` input too), or carries a forward-mode tangent (a dual tensor of
+    ``torch.autograd.forward_ad`` or of ``torch.func.jvp``, which ``unpack_dual`` both see).
+    Traced code is not run in forward mode: there the history decides."""
+    if x.requires_grad:
+        return True
+    return not torch.compiler.is_compiling() and has_tangent(x)
+
+
+def has_tangent(x: Tensor) -> bool:
+    """Whether ``x`` carries a forward-mode tangent at the current level (False outside one)."""
+    return forward_ad.unpack_dual(x).tangent is not None  # type: ignore[no-untyped-call]
 
 
 _EXACT_FLOAT32 = 2**24  # float32 holds every integer up to here
@@ -266,10 +306,10 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
     totals = clip = None
     if across is not None:  # every sum before the exponential
         clip = clip_signs(r, q, cq, mf, seg)
-        sums["cut"], sums["signed"] = clip[1], clip[2]
-        reduced, lo, hi, totals = all_rows(list(sums.values()), clip[3], clip[4], across)
+        sums["cut"], sums["signed"] = clip.cut_rows, clip.signed_rows
+        reduced, lo, hi, totals = all_rows(list(sums.values()), clip.lo, clip.hi, across)
         sums = dict(zip(sums, reduced, strict=True))
-        clip = (clip[0], sums["cut"], sums["signed"], lo, hi)
+        clip = Cuts(clip.cut, sums["cut"], sums["signed"], lo, hi)
     n_exact = sums["n"]  # counts stay exact (float64 where float32 would not be)
     sums = {k: v.to(dt) for k, v in sums.items()}
     n = sums["n"]
@@ -290,30 +330,24 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
         kl_sum = kl_rows.detach().sum()
     if clip is None:  # after the policy term, as compiled code schedules it best
         clip = clip_signs(r, q, cq, mf, seg)
-    a, cut_rows, signed_rows, lo, hi = clip
     del r, q, cq  # no longer needed: the gradient's (B, T) temporaries can take their memory
-    stats = clip_stats(lo, hi, cut_rows, signed_rows, adv, n_exact, dual=h.log_dual is not None)
+    stats = clip_stats(clip, adv, n_exact, dual=h.log_dual is not None)
     rows_b = max(per_seq.shape[0], 1)
     loss = per_seq.sum() / rows_b  # mean over rows; 0 when B = 0 (S4)
     grad = None
     if with_grad:  # mf - |s| = passes
-        grad = (mf - a) * to_tokens(policy.detach() / (nf * rows_b), seg)  # (B, T)
+        grad = (mf - clip.cut) * to_tokens(policy.detach() / (nf * rows_b), seg)  # (B, T)
         if em1 is not None:
             grad = grad - em1.detach() * to_tokens(h.beta / (nf * rows_b), seg)
     return Forward(loss, per_seq, log_coef, stats, kl_sum, grad, totals)
 
 
-def clip_signs(
-    r: Tensor, q: Tensor, cq: Tensor, mf: Tensor, seg: Segments | None
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Where the trust region cut, with ``s`` = -1 where the clamp cut q at eps, +1 at the dual
-    cap, 0 elsewhere (invalid tokens too): ``|s|``, the row sums of ``|s|`` and ``s``, and the
-    range of ``r`` over valid tokens (:func:`log_ratio_range`). Shape: (B, T) -> |s| (B, T);
-    sums (B,); ()."""
+def clip_signs(r: Tensor, q: Tensor, cq: Tensor, mf: Tensor, seg: Segments | None) -> Cuts:
+    """Where the trust region cut q (:class:`Cuts`). Shape: r, q, cq, mf (B, T) or (N,)."""
     lo, hi = log_ratio_range(r.detach(), mf)  # first: fewer (B, T) tensors alive at once
     s = torch.sign(cq.detach() - q.detach())  # (B, T)
     a = s.abs()
-    return a, row_sum(a, seg, exact=True), row_sum(s, seg, exact=True), lo, hi
+    return Cuts(a, row_sum(a, seg, exact=True), row_sum(s, seg, exact=True), lo, hi)
 
 
 def all_rows(
@@ -369,26 +403,18 @@ def log_ratio_range(r: Tensor, mf: Tensor) -> tuple[Tensor, Tensor]:
     return extreme(r + far, "min"), extreme(r - far, "max")
 
 
-def clip_stats(
-    lo: Tensor,
-    hi: Tensor,
-    cut_rows: Tensor,
-    signed_rows: Tensor,
-    adv: Tensor,
-    n: Tensor,
-    dual: bool = True,
-) -> ClipStats:
-    """Counts and extrema over valid tokens (S10), from the range of the log-ratio over valid
-    tokens (:func:`log_ratio_range`) and per row the number of tokens the trust region cut
-    (``sum |s|``) and ``sum s``, with s = -1 where it cut at eps and +1 at the dual cap (see
-    :func:`sign_space`), and the row's valid tokens ``n``. Without ``dual`` (no dual clip),
+def clip_stats(c: Cuts, adv: Tensor, n: Tensor, dual: bool = True) -> ClipStats:
+    """Counts and extrema over valid tokens (S10), from where the trust region cut (``c``: the
+    range of the log-ratio over valid tokens, and per row the number of tokens cut, ``sum |s|``,
+    and ``sum s``) and the row's valid tokens ``n``. Without ``dual`` (no dual clip),
     ``num_clipped_dual`` is None: built so, not replaced afterwards (torch 2.4's ``torch.compile``
     cannot trace ``NamedTuple._replace``).
 
-    Shape: lo, hi (); cut_rows, signed_rows, adv, n (B,).
+    Shape: c.lo, c.hi (); c.cut_rows, c.signed_rows, adv, n (B,).
     """
-    at_eps = (cut_rows - signed_rows) / 2  # (B,)
-    at_cap = (cut_rows + signed_rows) / 2  # (B,) A < 0 rows only
+    lo, hi = c.lo, c.hi
+    at_eps = (c.cut_rows - c.signed_rows) / 2  # (B,)
+    at_cap = (c.cut_rows + c.signed_rows) / 2  # (B,) A < 0 rows only
     low = torch.where(adv < 0, at_eps, 0)
     high = torch.where(adv > 0, at_eps, 0)
     nonempty = n > 0

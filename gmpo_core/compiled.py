@@ -5,10 +5,12 @@
 function, the group's collectives traced into its graph) and runs inside the same
 ``torch.autograd.Function`` as the plain path, whose backward scales the gradient the forward
 wrote. Hyper-parameters enter as
-0-d tensors built on each call, so new values never recompile and nothing is cached across calls.
+0-d tensors filled on the device on each call (no copy from the host), so new values never
+recompile and nothing is cached across calls.
 The compiled function is created once, on first use; a failing call raises and changes nothing
 for the next one. The first call of each input signature (dtypes, devices, which optional inputs
-are given) compiles: seconds (docs/api.md gives the measured times).
+are given) compiles: seconds (docs/api.md gives the measured times). On the ``meta`` device,
+which the compiler cannot generate code for, the same function runs uncompiled.
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ from gmpo_core import _math
 # into repeated recompilations): calls of the compiled kernel take turns.
 _LOCK = threading.Lock()
 
+# Device types the compiler cannot generate code for: there the compiled path runs the same
+# function uncompiled, after the same preparation (its hyper-parameters as 0-d tensors, the mask
+# as bytes). ``meta`` tensors have no values: Inductor's code for them fails inside the compiler
+# ("... used before it has been defined", torch 2.13); the function itself runs (shapes only).
+UNCOMPILED = frozenset({"meta"})
+
 
 @functools.cache
 def compiled_forward() -> Callable[
@@ -40,7 +48,8 @@ def compiled_forward() -> Callable[
 
 
 def kernel() -> Callable[[_math.Batch, _math.Hyper, bool, _math.Across | None], _math.Forward]:
-    """The compiled forward, one call at a time across threads."""
+    """The compiled forward, one call at a time across threads (uncompiled on the device types
+    of :data:`UNCOMPILED`)."""
     return _serialized
 
 
@@ -49,6 +58,8 @@ def _serialized(
 ) -> _math.Forward:
     if b.mask.dtype == torch.bool:  # a zero-copy view: compiled code loads bytes ~5x faster
         b = b._replace(mask=b.mask.view(torch.uint8))
+    if b.logp.device.type in UNCOMPILED:
+        return _math.forward(b, h, with_grad, across)
     with _LOCK:
         return compiled_forward()(b, h, with_grad, across)
 
@@ -61,9 +72,14 @@ def worth_compiling(logp: Tensor, advantages: Tensor) -> bool:
 
 
 def hyper_tensors(h: _math.Hyper, like: Tensor) -> _math.Hyper:
-    """The hyper-parameters as 0-d tensors in the compute dtype on ``like``'s device."""
-    dual = h.log_dual is not None
-    values = [h.eps_low, h.eps_high, h.log_dual if dual else 0.0, h.beta]
-    dtype = _math.compute_dtype(like.dtype)
-    eps_low, eps_high, log_dual, beta = torch.tensor(values, dtype=dtype, device=like.device)
-    return _math.Hyper(eps_low, eps_high, log_dual if dual else None, beta)
+    """The hyper-parameters as 0-d tensors in the compute dtype on ``like``'s device, each a fill
+    on the device: the number travels as a kernel argument. (``torch.tensor(<list>, device=)``
+    would copy host memory to the device, on CUDA a synchronizing copy, on every call.)"""
+
+    def fill(value: _math.Bound) -> Tensor:
+        return torch.full(
+            (), float(value), dtype=_math.compute_dtype(like.dtype), device=like.device
+        )
+
+    dual = None if h.log_dual is None else fill(h.log_dual)
+    return _math.Hyper(fill(h.eps_low), fill(h.eps_high), dual, fill(h.beta))

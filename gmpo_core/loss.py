@@ -86,8 +86,8 @@ def gmpo_loss(
         impl: ``"plain"`` (default: plain PyTorch under autograd, no compilation) or
             ``"compiled"`` (one ``torch.compile``-d forward that also writes the gradient; it
             compiles on its first call; a second-order gradient differentiates the plain math,
-            S14). Inside a user's ``torch.compile`` or a ``torch.func`` transform both run the
-            plain math under autograd.
+            S14). Inside a user's ``torch.compile``, a ``torch.func`` transform or forward-mode
+            AD both run the plain math under autograd.
         check_values: also check values (mask is 0/1, finite advantages, finite log-probs at
             valid positions, non-negative weights, and ``cu_seqlens`` from 0 to N,
             non-decreasing). This synchronizes with the device.
@@ -163,10 +163,15 @@ def _batch(x: _checks.Inputs, h: _math.Hyper, cu_seqlens: Tensor | None) -> _mat
 
 
 def _transformed(b: _math.Batch) -> bool:
-    """Whether a ``torch.func`` transform (grad, vmap, jacrev, ...) wraps any input: such calls
-    run the math under autograd, which every transform supports. Told by
-    ``torch.func.debug_unwrap``, the public API that sees the wrapping; a torch without it
-    (2.4) runs them through the Function, which torch's transforms refuse with an error."""
+    """Whether a ``torch.func`` transform (grad, vmap, jacrev, ...) wraps any input, or ``logp``
+    carries a forward-mode tangent (a ``torch.autograd.forward_ad`` dual tensor, as
+    ``jacobian(..., strategy="forward-mode")`` makes): such calls run the math under autograd,
+    which every transform and forward-mode AD support (the Function has no ``jvp``). Told by
+    ``torch.func.debug_unwrap`` and ``torch.autograd.forward_ad.unpack_dual``, the public APIs
+    that see them; a torch without ``debug_unwrap`` (2.4) runs ``torch.func`` calls through the
+    Function, which torch's transforms refuse with an error."""
+    if _math.has_tangent(b.logp):
+        return True
     unwrap = getattr(torch.func, "debug_unwrap", None)
     if unwrap is None:
         return False

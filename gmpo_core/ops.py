@@ -179,5 +179,7 @@ def clip_metrics(
     _, q, cq = _math.sign_space(r, adv, h, seg)
     s = torch.sign(cq - q)  # -1 where cut at eps, +1 at the dual cap
     lo, hi = _math.log_ratio_range(r, mf)
-    cut, signed, n = (_math.row_sum(x, seg, exact=True) for x in (s.abs(), s, mf))
-    return _math.clip_stats(lo, hi, cut, signed, adv, n, dual=h.log_dual is not None)
+    a = s.abs()
+    cut, signed, n = (_math.row_sum(x, seg, exact=True) for x in (a, s, mf))
+    cuts = _math.Cuts(a, cut, signed, lo, hi)
+    return _math.clip_stats(cuts, adv, n, dual=h.log_dual is not None)

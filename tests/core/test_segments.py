@@ -310,3 +310,68 @@ def test_no_cu_seqlens_value_indexes_out_of_range(n: int, bounds: list[int], imp
     assert out.per_sequence_loss.shape == (s,) and logp.grad is not None
     trust_region_log_ratio(args["old_logp"], args["advantages"], cu_seqlens=args["cu_seqlens"])
     clip_metrics(args["old_logp"], args["advantages"], args["mask"], cu_seqlens=args["cu_seqlens"])
+
+
+# second-order gradients and forward mode ------------------------------------------------------
+
+
+def _transform_case(packed: bool, impl: str) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """``per_sequence_loss`` as a function of ``logp`` (float64, with the KL term for curvature,
+    a dual clip and token weights), the point and a tangent: padded (B, T) or packed (N,)."""
+    x = _padded(4, torch.float64)
+    g = torch.Generator().manual_seed(5)
+    shape = x["keep"].shape
+    x["ref_logp"] = x["logp"] - 0.3 * torch.rand(shape, generator=g, dtype=torch.float64)
+    x["is_weights"] = 0.5 + torch.rand(shape, generator=g, dtype=torch.float64)
+    v = torch.randn(shape, generator=g, dtype=torch.float64)
+    keep = x.pop("keep")
+    if packed:
+        x = {**_packed({**x, "keep": keep}), "ref_logp": x["ref_logp"][keep],
+             "is_weights": x["is_weights"][keep]}  # fmt: skip
+        v = v[keep]
+    logp = x.pop("logp")
+    kw = {"beta": 0.05, "dual_clip": 2.0, "epsilon": 0.2, "impl": impl}
+
+    def f(lp: torch.Tensor) -> torch.Tensor:
+        return gmpo_loss(lp, **x, **kw).per_sequence_loss
+
+    return f, logp, v
+
+
+def _padded_and_packed(impl: str, how: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``how(f, logp, v)`` on the padded rows (at their real tokens, where a token-shaped
+    result) and on the same rows packed."""
+    keep = _padded(4)["keep"]
+    pad = how(*_transform_case(False, impl))
+    pk = how(*_transform_case(True, impl))
+    return (pad[keep] if pad.shape == keep.shape else pad), pk
+
+
+def _hvp_create_graph(f: Any, logp: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    leaf = logp.clone().requires_grad_()
+    (g,) = torch.autograd.grad(f(leaf).sum(), leaf, create_graph=True)
+    (hvp,) = torch.autograd.grad((g * v).sum(), leaf)
+    return hvp
+
+
+def _hvp_func(f: Any, logp: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return torch.func.jvp(torch.func.grad(lambda lp: f(lp).sum()), (logp,), (v,))[1]
+
+
+def _jvp_func(f: Any, logp: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return torch.func.jvp(f, (logp,), (v,))[1]
+
+
+@pytest.mark.parametrize(
+    "how", [_hvp_create_graph, _hvp_func, _jvp_func], ids=["create_graph", "func-hvp", "func-jvp"]
+)
+def test_second_order_and_forward_mode_packed_equal_padded(impl: str, how: Any) -> None:
+    """Defect 7 (issue 25): on packed input ``create_graph=True`` and torch.func HVPs raised
+    "derivative for aten::_segment_reduce_backward is not implemented", ``torch.func.jvp``
+    "Trying to use forward AD with segment_reduce that does not support it"; the padded call on
+    the same rows worked. Packed row sums no longer use ``segment_reduce``."""
+    if how is not _hvp_create_graph and not hasattr(torch.func, "debug_unwrap"):
+        pytest.skip(f"torch {torch.__version__} has no torch.func.debug_unwrap")
+    pad, pk = _padded_and_packed(impl, how)
+    assert pad.abs().sum() > 0
+    torch.testing.assert_close(pk, pad, rtol=1e-12, atol=1e-14)

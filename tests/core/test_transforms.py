@@ -155,3 +155,72 @@ def test_docstring_states_the_second_order_gradient() -> None:
         hvps.append(hvp)
     assert hvps[0].abs().sum() > 0  # the KL term has curvature
     torch.testing.assert_close(hvps[1], hvps[0])
+
+
+def _layout(x: dict[str, Any], layout: str) -> dict[str, Any]:
+    """The batch as given (padded), or its rows packed: every row's T tokens, with its mask."""
+    if layout == "padded":
+        return dict(x)
+    flat = {k: v.reshape(-1) if isinstance(v, torch.Tensor) and v.shape == (B, T) else v
+            for k, v in x.items()}  # fmt: skip
+    return {**flat, "cu_seqlens": torch.arange(B + 1) * T}
+
+
+def _jvp_by_rows(x: dict[str, Any], v: torch.Tensor) -> list[torch.Tensor]:
+    """J v of ``loss``, ``per_sequence_loss`` and ``log_coef`` by reverse-mode autograd of the
+    padded plain path, one output element at a time."""
+    rest = {k: val for k, val in x.items() if k != "logp"}
+    leaf = x["logp"].clone().requires_grad_()
+    out = gmpo_loss(leaf, **rest)
+    result = []
+    for o in (out.loss.reshape(1), out.per_sequence_loss, out.log_coef):
+        rows = [torch.autograd.grad(o[i], leaf, retain_graph=True)[0] for i in range(len(o))]
+        result.append(torch.stack([(r * v).sum() for r in rows]))
+    result[0] = result[0].reshape(())
+    return result
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_forward_ad_dual_tensors(impl: str, layout: str) -> None:
+    """Defect 10 (issue 25): ``torch.autograd.forward_ad`` dual tensors got torch's "You must
+    implement the jvp function for custom autograd.Function to use it with forward mode AD"
+    (``torch.func.jvp`` worked). A dual ``logp`` runs the math under autograd, as a
+    ``torch.func`` transform does: the tangents of ``loss``, ``per_sequence_loss`` and
+    ``log_coef`` are J v, and the primals the plain call's values."""
+    from torch.autograd import forward_ad
+
+    x = _inputs()
+    v = torch.randn(B, T, dtype=DT, generator=torch.Generator().manual_seed(2))
+    want = _jvp_by_rows(x, v)
+    p = _layout(x, layout)
+    logp = p.pop("logp")
+    with forward_ad.dual_level():
+        out = gmpo_loss(forward_ad.make_dual(logp, v.reshape(logp.shape)), **p, impl=impl)
+        outputs = (out.loss, out.per_sequence_loss, out.log_coef)
+        duals = [forward_ad.unpack_dual(t) for t in outputs]
+    plain = gmpo_loss(logp, **p)
+    primals = (plain.loss, plain.per_sequence_loss, plain.log_coef)
+    for d, w, primal in zip(duals, want, primals, strict=True):
+        assert d.tangent is not None
+        torch.testing.assert_close(d.tangent, w)
+        torch.testing.assert_close(d.primal, primal)
+    assert want[1].abs().sum() > 0
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+@pytest.mark.parametrize("output", ["loss", "per_sequence_loss"])
+def test_forward_mode_jacobian(impl: str, layout: str, output: str) -> None:
+    """Defect 10 (issue 25): ``jacobian(..., strategy="forward-mode", vectorize=True)`` raised
+    "You must implement the jvp function"."""
+    x = _inputs()
+    p = _layout(x, layout)
+    logp = p.pop("logp")
+
+    def f(lp: torch.Tensor) -> torch.Tensor:
+        out = gmpo_loss(lp, **p, impl=impl)  # type: ignore[arg-type]
+        return out.loss if output == "loss" else out.per_sequence_loss
+
+    got = torch.autograd.functional.jacobian(f, logp, strategy="forward-mode", vectorize=True)
+    rows = _jacobian_rows(x)  # (B, B, T)
+    want = _autograd(_loss(x, "plain"), x["logp"]) if output == "loss" else rows
+    torch.testing.assert_close(got, want.reshape(got.shape))
