@@ -8,7 +8,7 @@ call keeps every tensor on the inputs' device and reads nothing back.
 
 A CPU-only torch aborts the whole process (not an exception) on some ops on fake CUDA tensors
 that require grad, so every input here is a plain tensor and the checks run in a child process:
-``python -m tests._fake_cuda_checks`` prints one JSON line per check, ``{"name", "ok", "error"}``,
+``python -m tests.core.devices._fake_cuda_checks`` prints one JSON line per check, ``{"name", "ok", "error"}``,
 and exits 0 whatever the checks' results.
 """
 

@@ -37,7 +37,7 @@ def results() -> dict[str, dict[str, Any]]:
     paths = [str(ROOT), str(ROOT / "adapters"), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     proc = subprocess.run(
-        [sys.executable, "-m", "tests._fake_cuda_checks"],
+        [sys.executable, "-m", "tests.core.devices._fake_cuda_checks"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, f"the checks' process died ({proc.returncode}):\n{proc.stderr}"
