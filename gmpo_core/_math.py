@@ -292,13 +292,14 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
     mf = as_float(valid, dt)  # (B, T) 0/1
     r = torch.where(valid, logp - b.old_logp.to(dt), 0)  # (B, T), exactly 0 at invalid positions
     sgn, q, cq = sign_space(r, adv, h, seg)  # (B,), (B, T), (B, T): cq is 0 where r is
+    cq_rows, n_rows = row_sum(cq, seg), row_sum(mf, seg, exact=True)  # (B,) each
     log_w_rows = kl_rows = em1 = None
     if b.w_tok is not None:  # per-token weights enter as their geometric mean (S7)
         log_w_rows = row_sum(torch.where(valid, torch.log(b.w_tok.to(dt)), 0), seg)
     if b.ref_logp is not None:  # the k3 estimator expm1(d) - d, d = ref - logp (S3)
         k, em1 = k3(logp, b.ref_logp.to(dt), valid)  # (B, T) each
         kl_rows = row_sum(k, seg)
-    sums = RowSums(row_sum(cq, seg), row_sum(mf, seg, exact=True), log_w_rows, kl_rows)
+    sums = RowSums(cq_rows, n_rows, log_w_rows, kl_rows)
     totals = clip = None
     if across is not None:  # every sum before the exponential
         clip = clip_signs(r, q, cq, mf, seg)
