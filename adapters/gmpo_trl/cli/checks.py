@@ -155,3 +155,16 @@ def check_output_dir(spec: str) -> None:
                     f"--output_dir {spec!r}: {str(existing)!r} is a file, not a directory"
                 )
             return
+
+
+def check_vllm(script: Any, config: Any) -> None:
+    """``--use_vllm``: what vLLM needs (:func:`gmpo_trl.vllm_cpu.check_vllm`: installed, the mode,
+    the model's path and head_dim), before any model or engine is built."""
+    if not config.use_vllm:
+        return
+    from gmpo_trl import vllm_cpu
+
+    try:
+        vllm_cpu.check_vllm(script.model, config)
+    except ValueError as err:
+        raise CLIError(str(err)) from err

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gmpo_trl.cli.checks import check_inputs
+from gmpo_trl.cli.checks import check_inputs, check_vllm
 from gmpo_trl.cli.options import CLIError
 from gmpo_trl.cli.parsing import Parsed
 from gmpo_trl.cli.plots import log_clip_range, plot_compare
@@ -46,6 +46,7 @@ def configs(parsed: Parsed) -> tuple[Any, Any]:
     if parsed.script.seeds < 1:
         raise CLIError(f"--seeds must be at least 1, got {parsed.script.seeds}")
     check_inputs(parsed.script)
+    check_vllm(parsed.script, gmpo)
     grpo = parsed.config(
         GRPOConfig, loss_type="grpo", epsilon=parsed.script.grpo_epsilon, epsilon_high=None
     )

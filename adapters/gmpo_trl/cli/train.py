@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gmpo_trl.cli.checks import check_inputs
+from gmpo_trl.cli.checks import check_inputs, check_vllm
 from gmpo_trl.cli.parsing import Parsed
 from gmpo_trl.cli.runs import quiet, run
 
@@ -56,6 +56,7 @@ def main(parsed: Parsed) -> Path:
 
     config = parsed.config(GMPOConfig)
     check_inputs(parsed.script)
+    check_vllm(parsed.script, config)
     quiet()
     done = run(parsed.script, config, GMPOTrainer, "gmpo train")
     done.trainer.save_model(str(Path(config.output_dir) / "final"))
