@@ -152,6 +152,18 @@ def build_and_test(args: argparse.Namespace) -> int:
     return 0
 
 
+def _install_line(r: dict[str, object]) -> str:
+    """How the environment was installed, in the order of its pip commands."""
+    reqs, checkout, removed = r["requirements"], r["install"], r.get("uninstall")
+    if str(checkout).startswith("--no-deps"):
+        steps = [f"pip install {reqs}"] + [f"pip uninstall -y {removed}"] * bool(removed)
+        steps.append(f"pip install {checkout}")
+    else:
+        steps = [f"pip install {' '.join(filter(None, [str(reqs), str(checkout)]))}"]
+        steps += [f"pip uninstall -y {removed}"] * bool(removed)
+    return "- install: " + ", then ".join(f"`{step}`" for step in steps)
+
+
 def report(args: argparse.Namespace) -> int:
     records = [json.loads(Path(p).read_text()) for p in args.records]
     host = f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs"
@@ -159,8 +171,8 @@ def report(args: argparse.Namespace) -> int:
         f"# {args.title}",
         "",
         f"`{args.job}` on {host}, {time.strftime('%Y-%m-%d', time.gmtime())}: each environment",
-        "is a fresh virtual environment with one `pip install` of the requirements shown and this",
-        "checkout (no constraints file), running the test paths the Makefile names. Blocking",
+        "is a fresh virtual environment with the requirements shown and this checkout installed",
+        "by pip (no constraints file), running the test paths the Makefile names. Blocking",
         "environments fail the job; report-only ones (the newest releases pip resolves) do not.",
         "",
         "| environment | kind | versions | passed | failed | skipped | status | install + tests |",
@@ -184,8 +196,7 @@ def report(args: argparse.Namespace) -> int:
             "",
             f"{r['about']}",
             "",
-            f"- install: `pip install {' '.join(filter(None, [r['requirements'], r['install']]))}`"
-            + (f"; then `pip uninstall {u}`" if (u := r.get("uninstall")) else ""),
+            _install_line(r),
             f"- tests: `{r['tests']}`",
             f"- disk: {r.get('disk_mb', '-')} MB",
         ]

