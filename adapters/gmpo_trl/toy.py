@@ -42,9 +42,16 @@ def char_tokenizer(vocab_size: int | None = None) -> Any:
 
 
 def tiny_model(
-    tokenizer: Any, *, seed: int = 0, hidden_size: int = 32, layers: int = 2, max_len: int = 64
+    tokenizer: Any,
+    *,
+    seed: int = 0,
+    hidden_size: int = 32,
+    layers: int = 2,
+    max_len: int = 64,
+    heads: int = 4,
 ) -> Any:
-    """A randomly initialized Qwen2-style causal LM sized for CPU tests (about 30k parameters)."""
+    """A randomly initialized Qwen2-style causal LM sized for CPU tests (about 30k parameters).
+    ``heads`` attention heads (half as many key/value heads, at least 1)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -53,8 +60,8 @@ def tiny_model(
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=max(heads // 2, 1),
         max_position_embeddings=max_len,
         tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,

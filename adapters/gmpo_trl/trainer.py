@@ -26,6 +26,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from gmpo_core import gmpo_loss, sequence_kl
 from gmpo_core import metrics as gmpo_metrics
+from gmpo_trl import vllm_cpu
 from gmpo_trl.config import GMPOConfig, check_config
 from gmpo_trl.fields import KNOWN_COMPUTE_LOSS_SHA256
 from gmpo_trl.lm_head import lm_head_swapped
@@ -121,6 +122,7 @@ class GMPOTrainer(GRPOTrainer):
                 "loss step to GMPOTrainer)"
             )
         check_compute_loss()
+        vllm_cpu.prepare(model, args)  # use_vllm: checks and the CPU workaround, before the engine
         super().__init__(model, reward_funcs, args=args, **kwargs)
 
     # ------------------------------------------------------------------------------------------

@@ -29,13 +29,13 @@ class Task:
     model: Callable[[int], tuple[Any, Any]]
 
 
-def successor_task() -> Task:
+def successor_task(heads: int = 4) -> Task:
     """The toy run's task (``gmpo_trl.toy``): a tiny Qwen2-style model learns ``d= -> d + 1``."""
     from gmpo_trl import toy
 
     def model(seed: int) -> tuple[Any, Any]:
         tokenizer = toy.char_tokenizer()
-        return toy.tiny_model(tokenizer, seed=seed), tokenizer
+        return toy.tiny_model(tokenizer, seed=seed, heads=heads), tokenizer
 
     return Task(lambda seed: toy.successor_dataset(seed=seed), toy.successor_reward, model)
 
@@ -45,7 +45,7 @@ def successor_task() -> Task:
 WARM_STEPS, WARM_LR = 400, 3e-3
 
 
-def reverse_task() -> Task:
+def reverse_task(heads: int = 4) -> Task:
     """``--task reverse`` (``gmpo_trl.reverse``): reverse 16 digits, exact-match reward; the model
     of a seed is warm-started on noisy demonstrations (the same model for every method of a
     seed: the warm start is computed once per seed and process)."""
@@ -56,7 +56,7 @@ def reverse_task() -> Task:
     states: dict[int, tuple[dict[str, Any], float]] = {}
 
     def model(seed: int) -> tuple[Any, Any]:
-        tokenizer, net = reverse_model(task, seed=seed)
+        tokenizer, net = reverse_model(task, seed=seed, heads=heads)
         if seed not in states:
             losses = warm_start(net, tokenizer, task, steps=WARM_STEPS, lr=WARM_LR, seed=seed)
             start = sampled_reward(net, tokenizer, task, seed=seed)
@@ -69,10 +69,16 @@ def reverse_task() -> Task:
     return Task(lambda seed: reverse_dataset(task, seed=seed), task.reward_function(), model)
 
 
+#: --use_vllm without --model: the built-in models with heads of 32 (hidden 32 and 64), the
+#: smallest head_dim vLLM's CPU attention takes (docs/vllm.md)
+VLLM_HEADS = {"successor": 1, "reverse": 2}
+
+
 @functools.cache
-def named_task(name: str) -> Task:
+def named_task(name: str, vllm: bool = False) -> Task:
     """The built-in task of ``--task`` (one per process, so that its warm starts are shared)."""
-    return reverse_task() if name == "reverse" else successor_task()
+    heads = {"heads": VLLM_HEADS[name]} if vllm and name in VLLM_HEADS else {}
+    return reverse_task(**heads) if name == "reverse" else successor_task(**heads)
 
 
 def quiet() -> None:
@@ -90,7 +96,7 @@ def quiet() -> None:
 def build_trainer(script: Any, config: Any, trainer_cls: type, task: Task | None = None) -> Any:
     """The trainer for the parsed arguments: ``task``'s parts (``--task``'s by default) where the
     user named no model, dataset or reward."""
-    task = task or named_task(script.task)
+    task = task or named_task(script.task, bool(config.use_vllm))
     out = Path(config.output_dir)
     rewards = [resolve_reward(r) for r in script.reward] or [task.reward]
     if script.dataset is None:
@@ -104,7 +110,7 @@ def build_trainer(script: Any, config: Any, trainer_cls: type, task: Task | None
         model, tokenizer = task.model(config.seed)
         init = out / "init-model"  # a path, so that beta's reference model can be loaded
         model.save_pretrained(init)
-        model.config._name_or_path = str(init)
+        model.config._name_or_path = model.name_or_path = str(init)  # (vLLM loads it from there)
         model_arg: Any = model
         kwargs: dict[str, Any] = {"processing_class": tokenizer}
     else:
