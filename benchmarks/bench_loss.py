@@ -2,7 +2,7 @@
 
 Run from the repository root (``benchmarks/README.md`` explains the method)::
 
-    python benchmarks/bench_loss.py            # the full run; writes benchmarks/results/loss_cpu.*
+    python benchmarks/bench_loss.py            # the full run; writes results/figures-bench/loss_cpu.*
     python benchmarks/bench_loss.py --quick    # tiny shapes, no compile study: proves it runs (CI)
 
 Four things, in one run:
@@ -39,12 +39,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 from _common import (
     MALLOC_ENV,
-    RESULTS_DIR,
+    RESULTS,
     command_line,
     environment,
     proc_status_kib,
@@ -56,6 +57,9 @@ from _hosts import EPSILON, trl_gmpo_loss, verl_config, verl_geo_mean_loss
 from torch import Tensor
 
 from gmpo_core import gmpo_loss
+
+#: where this benchmark writes (``make figures-bench``)
+RESULTS_DIR = RESULTS / "figures-bench"
 
 SHAPES = ((2, 16), (8, 256), (64, 2048), (256, 4096))
 QUICK_SHAPES = ((2, 16), (8, 256))
@@ -148,11 +152,8 @@ def time_shape(shape: tuple[int, int], impls: list[str], repeats: int) -> dict[s
 
 def peak_memory_mib(impl: str, shape: tuple[int, int]) -> float:
     """Peak resident memory of one call over the inputs, in a fresh process (MiB)."""
-    code = (
-        "import sys; sys.path.insert(0, 'benchmarks'); import bench_loss as b; "
-        f"print(b.child_peak({impl!r}, {tuple(shape)!r}))"
-    )
-    env = {**os.environ, **MALLOC_ENV}
+    code = f"import bench_loss as b; print(b.child_peak({impl!r}, {tuple(shape)!r}))"
+    env = {**_with_benchmarks_on_path(), **MALLOC_ENV}
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
@@ -167,11 +168,19 @@ def child_peak(impl: str, shape: tuple[int, int]) -> float:
     return (proc_status_kib("VmHWM") - base) / 1024
 
 
+def _with_benchmarks_on_path() -> dict[str, str]:
+    """This process's environment with this directory first on a child's PYTHONPATH (where
+    ``import bench_loss`` finds this script)."""
+    here = str(Path(__file__).resolve().parent)
+    rest = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": here if not rest else os.pathsep.join((here, rest))}
+
+
 _LOOP = """
 import random, sys, time, torch
-sys.path.insert(0, "benchmarks")
 import bench_loss as b
 from gmpo_core import gmpo_loss
+
 torch.set_num_threads(1)
 rng = random.Random(0)
 dtype = getattr(torch, sys.argv[2]); kl = sys.argv[3] == "kl"
@@ -193,7 +202,7 @@ def cold_loop(impl: str, dtype: str, kl: bool, calls: int) -> tuple[float, float
     """A new user's loop in a fresh process with an empty Inductor cache: the first call's wall
     time (compilation included) and the CPU time of the other calls (one thread)."""
     with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+        env = {**_with_benchmarks_on_path(), "TORCHINDUCTOR_CACHE_DIR": cache}
         argv = [sys.executable, "-c", _LOOP, impl, dtype, "kl" if kl else "-", str(calls)]
         out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
     first, rest = (float(v) for v in out.stdout.split()[-2:])
@@ -270,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cpu", help="cuda: times only (no memory or compile study)")
     p.add_argument("--shapes", help="comma-separated BxT, e.g. 64x2048,256x4096")
     p.add_argument("--impls", default=",".join(IMPLS), help="comma-separated rows to run")
-    p.add_argument("--tag", default="cpu", help="results file: benchmarks/results/loss_<tag>.*")
+    p.add_argument("--tag", default="cpu", help="results file: results/figures-bench/loss_<tag>.*")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: CPU-time clock)")
     args = p.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv

@@ -37,13 +37,16 @@ from typing import Any
 
 from _common import (
     MALLOC_ENV,
-    RESULTS_DIR,
+    RESULTS,
     command_line,
     cpu_model,
     loadavg,
     proc_status_kib,
     reset_peak_rss,
 )
+
+#: where this benchmark writes (``make figures-bench``)
+RESULTS_DIR = RESULTS / "figures-bench"
 
 
 def lengths_of(args: argparse.Namespace) -> Any:

@@ -8,7 +8,7 @@ Run from the repository root::
 The model makes the LM head matter: a Qwen2 (``Qwen2ForCausalLM`` from a ``Qwen2Config``, random
 weights, tied embeddings as in Qwen2.5-0.5B) with a small body (``--hidden`` 128, ``--layers`` 2)
 and Qwen's vocabulary size (``--vocab`` 151,936). The tokenizer is the project's character
-tokenizer (``gmpo_trl.toy``) with its vocabulary padded by dummy tokens up to V, so that every
+tokenizer (``gmpo_tasks.chars``) with its vocabulary padded by dummy tokens up to V, so that every
 sampled id decodes. Nothing is downloaded.
 
 Two variants, each in its own FRESH subprocess (``--variants``):
@@ -16,7 +16,7 @@ Two variants, each in its own FRESH subprocess (``--variants``):
 * ``trl``: ``GMPOConfig(gmpo_lm_head=False)`` (the default): TRL 1.16's patched forward scores
   tokens with ``trl.kernels.ChunkedLogProbFunction``.
 * ``gmpo``: ``GMPOConfig(gmpo_lm_head=True)``: the same forward with
-  ``gmpo_core.lm_head.token_logprobs`` in that place (``gmpo_trl.lm_head``).
+  ``gmpo_core.lm_head.token_logprobs`` in that place (``gmpo_trl.head_swap``).
 
 Everything else is identical: same seed, same initial weights, same batch, same loss
 (``--gmpo-impl``, default ``plain``, for both; the loss is milliseconds against the head's
@@ -57,17 +57,13 @@ over the timed steps.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import math
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -75,174 +71,25 @@ from typing import Any
 from _common import (
     MALLOC_ENV,
     REPO,
-    RESULTS_DIR,
+    RESULTS,
     cpu_model,
     dist_version,
     loadavg,
-    proc_status_kib,
-    reset_peak_rss,
     run_meta,
 )
+from _trainer_step_child import PROMPT_LEN, child
+from _trainer_step_report import summarize, table, verdict
+
+#: where this benchmark writes (``make figures-lm-head``)
+RESULTS_DIR = RESULTS / "figures-lm-head"
 
 VARIANTS = ("trl", "gmpo")
-PROMPT_LEN = 2  # the toy prompts "d=" are two characters, two tokens
 # bench_loss's malloc setting (see _common.MEMORY_RESOLUTION_BYTES); one thread for the
 # tokenizer's Rust pool too.
 CHILD_ENV = {**MALLOC_ENV, "TOKENIZERS_PARALLELISM": "false"}
 RESULT_MARK = "BENCH_RESULT "
 DEFAULTS = dict(vocab=151_936, hidden=128, layers=2, batch=16, generations=8, completion=192)
 QUICK = dict(vocab=4096, hidden=32, layers=1, batch=4, generations=2, completion=16)
-
-
-# --------------------------------------------------------------------------------------------
-# child: one variant, one fresh process
-
-
-def hash_reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
-    """A deterministic reward in [0, 1) with spread (so advantages are not all zero)."""
-    return [zlib.crc32(c.encode()) % 1000 / 1000 for c in completions]
-
-
-def fixed_batch(batch: int, completion: int, vocab: int, seed: int) -> dict[str, Any]:
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    prompt_ids = torch.randint(2, vocab, (batch, PROMPT_LEN), generator=g)
-    completion_ids = torch.randint(2, vocab, (batch, completion), generator=g)
-    # behaviour log-probs near the random model's own (about -ln V), spread by N(0, 0.2): the
-    # ratio then differs from 1 and the clip acts, so the loss VALUE depends on the head's
-    # log-probs (on-policy it is -mean(advantages) whatever they are)
-    old = -math.log(vocab) + 0.2 * torch.randn(batch, completion, generator=g)
-    return {
-        "prompt_ids": prompt_ids,
-        "prompt_mask": torch.ones_like(prompt_ids),
-        "completion_ids": completion_ids,
-        "completion_mask": torch.ones_like(completion_ids),
-        "advantages": torch.randn(batch, generator=g),
-        "old_per_token_logps": old,
-    }
-
-
-def child(args: argparse.Namespace) -> dict[str, Any]:
-    import torch
-
-    torch.set_num_threads(args.threads)
-    from transformers import TrainerCallback
-
-    from gmpo_trl import GMPOConfig, GMPOTrainer, toy
-
-    t_setup = time.perf_counter()
-    tokenizer = toy.char_tokenizer(vocab_size=args.vocab)
-    model = toy.tiny_model(
-        tokenizer,
-        seed=args.seed,
-        hidden_size=args.hidden,
-        layers=args.layers,
-        max_len=PROMPT_LEN + args.completion,
-    )
-    # the trainer's output_dir, inside the parent's temporary directory (removed with it)
-    tmp = tempfile.mkdtemp(prefix="out_", dir=os.path.dirname(os.path.abspath(args.save)))
-    config = GMPOConfig(
-        **toy.toy_args(
-            tmp,
-            seed=args.seed,
-            per_device_train_batch_size=args.batch,
-            num_generations=args.generations,
-            max_completion_length=args.completion,
-            max_steps=1 + args.train_repeats,
-            gmpo_lm_head=args.variant == "gmpo",
-            gmpo_impl=args.gmpo_impl,
-        )
-    )
-    trainer = GMPOTrainer(
-        model=model,
-        reward_funcs=hash_reward,
-        args=config,
-        train_dataset=toy.successor_dataset(),
-        processing_class=tokenizer,
-    )
-    out: dict[str, Any] = {
-        "setup_s": time.perf_counter() - t_setup,
-        "params": sum(p.numel() for p in model.parameters()),
-        "threads": torch.get_num_threads(),
-    }
-
-    # ---- 1. loss step on a fixed batch: compute_loss + backward
-    batch = fixed_batch(args.batch, args.completion, args.vocab, args.seed + 1)
-    model.train()
-    trainer.current_gradient_accumulation_steps = 1  # as Trainer.train sets it
-
-    def loss_step() -> tuple[Any, float, float]:
-        model.zero_grad(set_to_none=True)
-        t0 = time.perf_counter()
-        loss = trainer.compute_loss(model, dict(batch))
-        t1 = time.perf_counter()
-        trainer.accelerator.backward(loss)
-        return loss.detach(), t1 - t0, time.perf_counter() - t1
-
-    for _ in range(args.warmup):
-        loss_step()
-    scored: dict[str, Any] = {}  # the first timed step's log-probs and entropies, for the parent
-    score = trainer._get_per_token_logps_and_entropies
-
-    def capture(*a: Any, **k: Any) -> Any:
-        logps, entropies, aux = score(*a, **k)
-        if not scored:
-            scored.update(logps=logps.detach().clone(), entropies=entropies.detach().clone())
-        return logps, entropies, aux
-
-    trainer._get_per_token_logps_and_entropies = capture
-    fwd, bwd, total, peaks = [], [], [], []
-    for rep in range(args.repeats):
-        gc.collect()
-        rss = reset_peak_rss()
-        loss, f, b = loss_step()
-        peaks.append((proc_status_kib("VmHWM") - rss) * 1024)
-        fwd.append(f)
-        bwd.append(b)
-        total.append(f + b)
-        if rep == 0:
-            grads = [
-                torch.zeros(p.numel()) if p.grad is None else p.grad.detach().reshape(-1)
-                for p in model.parameters()
-            ]
-            torch.save({"loss": loss, "grad": torch.cat(grads), **scored}, args.save)
-            trainer._get_per_token_logps_and_entropies = score
-            out["loss"] = float(loss)
-            out["entropy_metric"] = trainer._metrics["train"]["entropy"][-1]
-    model.zero_grad(set_to_none=True)
-    out["loss_step"] = {
-        "seconds": total,
-        "forward_seconds": fwd,
-        "backward_seconds": bwd,
-        "peak_extra_bytes": peaks,
-        "tokens_scored": args.batch * (PROMPT_LEN + args.completion - 1),
-        "completion_tokens": args.batch * args.completion,
-    }
-
-    # ---- 2. whole train steps (generation included), the first one a warmup
-    if args.train_repeats > 0:
-        record: dict[str, list[float]] = {"seconds": [], "peak_extra_bytes": []}
-
-        class Timer(TrainerCallback):  # type: ignore[misc]
-            def on_step_begin(self, _a: Any, state: Any, _c: Any, **_: Any) -> None:
-                self.timed = state.global_step >= 1
-                if self.timed:
-                    gc.collect()
-                    self.rss = reset_peak_rss()
-                    self.t0 = time.perf_counter()
-
-            def on_step_end(self, _a: Any, state: Any, _c: Any, **_: Any) -> None:
-                if self.timed:
-                    record["seconds"].append(time.perf_counter() - self.t0)
-                    record["peak_extra_bytes"].append((proc_status_kib("VmHWM") - self.rss) * 1024)
-
-        trainer.add_callback(Timer())
-        trainer.train()
-        logs = [h for h in trainer.state.log_history if "completions/mean_length" in h]
-        record["completion_mean_length"] = [h["completions/mean_length"] for h in logs[1:]]
-        out["train_step"] = record
-    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -291,92 +138,6 @@ def compare(saved: dict[str, str]) -> dict[str, float]:
         ),
         "grad_norm_rel_diff": float((g_got - g_ref).norm() / g_ref.norm().clamp(min=1e-30)),
     }
-
-
-def _median(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
-
-
-def _ms(s: float | None) -> str:
-    return "—" if s is None else f"{s * 1e3:,.0f}"
-
-
-def _mb(b: float | None) -> str:
-    return "—" if b is None else f"{b / 1e6:,.0f}"
-
-
-def _ratio(a: float | None, b: float | None) -> str:
-    return "—" if a is None or b is None or b == 0 else f"{a / b:.2f}×"
-
-
-def summarize(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """Per phase and variant: median time, range, largest peak."""
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for phase in ("loss_step", "train_step"):
-        for v, r in results.items():
-            rec = r.get(phase)
-            if not rec or not rec["seconds"]:
-                continue
-            row = {
-                "median_s": _median(rec["seconds"]),
-                "min_s": min(rec["seconds"]),
-                "max_s": max(rec["seconds"]),
-                "peak_extra_bytes": max(rec["peak_extra_bytes"]),
-                "n": len(rec["seconds"]),
-            }
-            if phase == "loss_step":
-                row["forward_median_s"] = _median(rec["forward_seconds"])
-                row["backward_median_s"] = _median(rec["backward_seconds"])
-            out.setdefault(phase, {})[v] = row
-    return out
-
-
-def table(summary: dict[str, dict[str, dict[str, Any]]], labels: dict[str, str]) -> str:
-    lines = [
-        "| step | LM head | time ms (median) | range ms | forward / backward ms "
-        "| peak extra MB | time ÷ TRL head | peak ÷ TRL head |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    names = {"loss_step": "loss step", "train_step": "train step"}
-    for phase, rows in summary.items():
-        ref = rows.get("trl")
-        for v, row in rows.items():
-            fb = (
-                f"{_ms(row['forward_median_s'])} / {_ms(row['backward_median_s'])}"
-                if "forward_median_s" in row
-                else "—"
-            )
-            lines.append(
-                f"| {names[phase]} | {labels[v]} | {_ms(row['median_s'])} "
-                f"| {_ms(row['min_s'])}–{_ms(row['max_s'])} | {fb} "
-                f"| {_mb(row['peak_extra_bytes'])} "
-                f"| {_ratio(row['median_s'], ref and ref['median_s'])} "
-                f"| {_ratio(row['peak_extra_bytes'], ref and ref['peak_extra_bytes'])} |"
-            )
-    return "\n".join(lines)
-
-
-def verdict(summary: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
-    rows = summary.get("loss_step", {})
-    if "trl" not in rows or "gmpo" not in rows:
-        return {}
-    t, g = rows["trl"], rows["gmpo"]
-    out: dict[str, Any] = {
-        "loss_step_time_ratio": g["median_s"] / t["median_s"],
-        "loss_step_peak_ratio": g["peak_extra_bytes"] / t["peak_extra_bytes"],
-    }
-    out["faster"] = out["loss_step_time_ratio"] < 1.0
-    out["leaner"] = out["loss_step_peak_ratio"] < 1.0
-    train = summary.get("train_step", {})
-    if "trl" in train and "gmpo" in train:
-        out["train_step_time_ratio"] = train["gmpo"]["median_s"] / train["trl"]["median_s"]
-        out["train_step_peak_ratio"] = (
-            train["gmpo"]["peak_extra_bytes"] / train["trl"]["peak_extra_bytes"]
-        )
-        out["faster"] = out["faster"] and out["train_step_time_ratio"] < 1.0
-        out["leaner"] = out["leaner"] and out["train_step_peak_ratio"] < 1.0
-    out["faster_and_leaner"] = out["faster"] and out["leaner"]
-    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,8 +8,8 @@ Run in the vLLM environment (``make vllm`` builds one and removes it; to keep it
     VLLM_CPU_KVCACHE_SPACE=1 .compat/vllm/bin/python benchmarks/bench_vllm.py --quick  # writes nothing
 
 **Time** (each model and backend in a fresh subprocess, ``torch.set_num_threads(--threads)``):
-``GMPOTrainer`` on the successor toy task (``gmpo_trl.toy``: 8 prompts x 8 completions a step,
-completions of up to ``--completion`` tokens, one generation per optimizer step), with
+``GMPOTrainer`` on the successor toy task (``gmpo_tasks.successor``: 8 prompts x 8 completions a
+step, completions of up to ``--completion`` tokens, one generation per optimizer step), with
 ``use_vllm=True, vllm_mode="colocate"`` or without vLLM (transformers' ``generate``); the same
 seed, weights and data; each ``--repeats`` times, the backends alternating, and the table
 gives each one's least disturbed repeat (the smallest median step; the JSON holds every
@@ -42,24 +42,31 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-from _common import RESULTS_DIR, dist_version, environment, loadavg, run_meta, write_results
+from _common import RESULTS, dist_version, environment, loadavg, run_meta, write_results
+
+#: where this benchmark writes (with the other benchmarks' results; run by hand in the vLLM
+#: environment, not by ``make figures-bench``)
+RESULTS_DIR = RESULTS / "figures-bench"
 
 #: name -> (hidden size, heads, layers); head_dim 32 in both (vLLM's CPU attention takes >= 32)
 SIZES = {"tests": (32, 1, 2), "larger": (256, 8, 4)}
 
 
 def _model(hidden: int, heads: int, layers: int, seed: int) -> Any:
-    from gmpo_trl import toy
+    from gmpo_tasks.chars import char_tokenizer
+    from gmpo_tasks.models import qwen2_model
 
-    return toy.tiny_model(toy.char_tokenizer(), seed=seed, hidden_size=hidden, heads=heads,
-                          layers=layers)  # fmt: skip
+    return qwen2_model(char_tokenizer(), seed=seed, hidden_size=hidden, heads=heads,
+                       layers=layers)  # fmt: skip
 
 
 def _trainer(out: Path, model: Any, vllm: bool, **overrides: Any) -> Any:
     """As tests/vllm/_support.py builds its trainers: the model saved with its tokenizer."""
-    from gmpo_trl import GMPOConfig, GMPOTrainer, toy
+    from gmpo_tasks import successor as toy
+    from gmpo_tasks.chars import char_tokenizer
+    from gmpo_trl import GMPOConfig, GMPOTrainer
 
-    tokenizer, path = toy.char_tokenizer(), out / "init"
+    tokenizer, path = char_tokenizer(), out / "init"
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     model.config._name_or_path = model.name_or_path = str(path)

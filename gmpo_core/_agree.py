@@ -2,7 +2,7 @@
 S15), before any other collective:
 
 1. One all-reduce with MIN of the five float64 that a split forward's first collective carries
-   (:func:`gmpo_core._math.first_collective`), with a 1 where the forward has a 0. If a rank
+   (:func:`gmpo_core._across.first_collective`), with a 1 where the forward has a 0. If a rank
    did not ask for ``check_values``, it is in its forward, and the collectives met: the ranks
    that check join its next one (the sums, with +inf: its loss is NaN) and raise. A rank
    that does not check cannot read that without a host-device synchronization.
@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from gmpo_core._math import SUMS_DTYPES, Batch, Hyper
+from gmpo_core._across import SUMS_DTYPES
+from gmpo_core._math import Batch, Hyper
 from gmpo_core.options import IMPLS
 
 # what is compared, in header order: a name and its number of float64 slots

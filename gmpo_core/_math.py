@@ -24,13 +24,14 @@ the mask is used once per input that may hold junk at masked positions (S6).
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 from torch.autograd import forward_ad
 
+from gmpo_core._across import Across, Totals, all_rows
+from gmpo_core._counts import Cuts, clip_stats, log_ratio_range
 from gmpo_core.metrics import ClipStats
 
 Bound = float | Tensor
@@ -64,27 +65,6 @@ class Batch(NamedTuple):
     cu_seqlens: Tensor | None = None  # packed segments; None: padded rows
 
 
-class Totals(NamedTuple):
-    """Per-row sums and token extrema over every rank of a process group.
-
-    Shape:
-        sums: (k, B) float, the rows of :func:`forward`'s partial sums. minima: (2,) float,
-        ``[min r, -max r]`` (with ±the dtype's largest float where a rank had no valid token).
-    """
-
-    sums: Tensor
-    minima: Tensor
-
-
-class Across(NamedTuple):
-    """Rows split along the token axis across the ranks of ``group``: every rank holds its own
-    tokens of the same rows. ``totals``: the reduced sums of an earlier forward on the same
-    inputs (then no collective runs); None: all-reduce them over ``group``."""
-
-    group: Any  # a torch.distributed ProcessGroup (None: the default group)
-    totals: Totals | None = None
-
-
 class Segments(NamedTuple):
     """Packed rows. Shape: offsets (S + 1,) int64, within [0, N] and non-decreasing; ids (N,)
     int64, the row of each token."""
@@ -93,19 +73,35 @@ class Segments(NamedTuple):
     ids: Tensor
 
 
-class Cuts(NamedTuple):
-    """Where the trust region cut, with s = -1 where the clamp cut q at eps, +1 at the dual cap,
-    0 elsewhere (invalid tokens too): ``|s|`` per token, per row ``sum |s|`` and ``sum s``, and
-    the range of the log-ratio over valid tokens (:func:`log_ratio_range`).
+class RowSums(NamedTuple):
+    """The per-row sums :func:`forward` reduces before the exponential: the clipped log-ratios,
+    the valid tokens, and where present the log rollout weights, the k3 KL, and (split across
+    ranks) the cut counts. ``present()`` is the fixed order in which a split forward all-reduces
+    them. Shape: (B,) each."""
 
-    Shape: cut (B, T) or (N,); cut_rows, signed_rows (B,); lo, hi ().
-    """
+    cq: Tensor
+    n: Tensor
+    log_w: Tensor | None = None
+    kl: Tensor | None = None
+    cut: Tensor | None = None
+    signed: Tensor | None = None
 
-    cut: Tensor
-    cut_rows: Tensor
-    signed_rows: Tensor
-    lo: Tensor
-    hi: Tensor
+    def present(self) -> list[Tensor]:
+        return [t for t in self if t is not None]
+
+    def replaced(self, values: list[Tensor]) -> RowSums:
+        """The same fields, the present ones replaced by ``values`` in :meth:`present`'s order
+        (built field by field, not by ``_replace`` or ``_make``: traceable by every supported
+        ``torch.compile``)."""
+        out: list[Tensor | None] = []
+        k = 0
+        for t in self:
+            out.append(None if t is None else values[k])
+            k += t is not None
+        return RowSums(out[0], out[1], out[2], out[3], out[4], out[5])  # type: ignore[arg-type]
+
+    def to(self, dtype: torch.dtype) -> RowSums:
+        return self.replaced([t.to(dtype) for t in self.present()])
 
 
 class Forward(NamedTuple):
@@ -296,38 +292,38 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
     mf = as_float(valid, dt)  # (B, T) 0/1
     r = torch.where(valid, logp - b.old_logp.to(dt), 0)  # (B, T), exactly 0 at invalid positions
     sgn, q, cq = sign_space(r, adv, h, seg)  # (B,), (B, T), (B, T): cq is 0 where r is
-    sums = {"cq": row_sum(cq, seg), "n": row_sum(mf, seg, exact=True)}  # (B,) each
+    cq_rows, n_rows = row_sum(cq, seg), row_sum(mf, seg, exact=True)  # (B,) each
+    log_w_rows = kl_rows = em1 = None
     if b.w_tok is not None:  # per-token weights enter as their geometric mean (S7)
-        sums["log_w"] = row_sum(torch.where(valid, torch.log(b.w_tok.to(dt)), 0), seg)
-    em1 = None
+        log_w_rows = row_sum(torch.where(valid, torch.log(b.w_tok.to(dt)), 0), seg)
     if b.ref_logp is not None:  # the k3 estimator expm1(d) - d, d = ref - logp (S3)
         k, em1 = k3(logp, b.ref_logp.to(dt), valid)  # (B, T) each
-        sums["kl"] = row_sum(k, seg)
+        kl_rows = row_sum(k, seg)
+    sums = RowSums(cq_rows, n_rows, log_w_rows, kl_rows)
     totals = clip = None
     if across is not None:  # every sum before the exponential
         clip = clip_signs(r, q, cq, mf, seg)
-        sums["cut"], sums["signed"] = clip.cut_rows, clip.signed_rows
-        reduced, lo, hi, totals = all_rows(list(sums.values()), clip.lo, clip.hi, across)
-        sums = dict(zip(sums, reduced, strict=True))
-        clip = Cuts(clip.cut, sums["cut"], sums["signed"], lo, hi)
-    n_exact = sums["n"]  # counts stay exact (float64 where float32 would not be)
-    sums = {k: v.to(dt) for k, v in sums.items()}
-    n = sums["n"]
+        sums = RowSums(sums.cq, sums.n, sums.log_w, sums.kl, clip.cut_rows, clip.signed_rows)
+        reduced, lo, hi, totals = all_rows(sums.present(), clip.lo, clip.hi, across)
+        sums = sums.replaced(reduced)
+        clip = Cuts(clip.cut, reduced[-2], reduced[-1], lo, hi)  # present(): cut, signed last
+    n_exact = sums.n  # counts stay exact (float64 where float32 would not be)
+    sums = sums.to(dt)
+    n = sums.n
     nf = n.clamp(min=1)
-    log_coef = sgn * sums["cq"] / nf  # (B,) the log geometric mean of the clipped ratios (S2)
+    log_coef = sgn * sums.cq / nf  # (B,) the log geometric mean of the clipped ratios (S2)
     active = (adv != 0) & (n > 0)  # (B,) empty and A = 0 rows: policy term exactly 0 (S4, S5)
     log_w = log_coef
-    if b.w_tok is not None:
-        log_w = log_coef + sums["log_w"] / nf
+    if sums.log_w is not None:
+        log_w = log_coef + sums.log_w / nf
     policy = -adv * torch.exp(torch.where(active, log_w, 0))  # (B,)
     if b.w_row is not None:
         policy = policy * b.w_row.to(dt)
     policy = torch.where(active, policy, 0)
     per_seq, kl_sum = policy, None
-    if em1 is not None:
-        kl_rows = sums["kl"]  # (B,)
-        per_seq = policy + h.beta * kl_rows / nf
-        kl_sum = kl_rows.detach().sum()
+    if em1 is not None and sums.kl is not None:
+        per_seq = policy + h.beta * sums.kl / nf
+        kl_sum = sums.kl.detach().sum()
     if clip is None:  # after the policy term, as compiled code schedules it best
         clip = clip_signs(r, q, cq, mf, seg)
     del r, q, cq  # no longer needed: the gradient's (B, T) temporaries can take their memory
@@ -348,106 +344,3 @@ def clip_signs(r: Tensor, q: Tensor, cq: Tensor, mf: Tensor, seg: Segments | Non
     s = torch.sign(cq.detach() - q.detach())  # (B, T)
     a = s.abs()
     return Cuts(a, row_sum(a, seg, exact=True), row_sum(s, seg, exact=True), lo, hi)
-
-
-def all_rows(
-    parts: list[Tensor], lo: Tensor, hi: Tensor, across: Across
-) -> tuple[list[Tensor], Tensor, Tensor, Totals]:
-    """The per-row sums ``parts`` and the token range ``lo``, ``hi`` over every rank of
-    ``across.group`` (or ``across.totals``): first the range with MIN (:func:`first_collective`),
-    then the sums with SUM. Each reduced sum keeps the local sum's gradient (the other ranks'
-    tokens are constants here), so a rank's gradient is the whole rows' gradient at its own
-    tokens. Shape: parts (B,) each."""
-    totals = across.totals
-    if totals is None:
-        sums = torch.stack([p.detach() for p in parts])  # (k, B)
-        first = first_collective(lo, hi, sums)
-        dist.all_reduce(first, op=dist.ReduceOp.MIN, group=across.group)
-        dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=across.group)
-        totals = Totals(sums, first[:2].to(lo.dtype))
-    reduced = [through(p, t) for p, t in zip(parts, totals.sums.unbind(), strict=True)]
-    return reduced, totals.minima[0], -totals.minima[1], totals
-
-
-#: The dtypes the sums of :func:`all_rows` can have, by their code in :func:`first_collective`.
-SUMS_DTYPES = (torch.float32, torch.float64)
-
-
-def first_collective(lo: Tensor, hi: Tensor, sums: Tensor) -> Tensor:
-    """The payload of a split forward's first collective, an all-reduce with MIN: the same
-    size and dtype whatever the call, so that a rank in the agreement step (``check_values``,
-    :mod:`gmpo_core._agree`), whose first collective has this form too, meets it instead of
-    hanging: ``[min r, -max r, 0, -sums.numel(), -(code of sums.dtype)]``, float64 (exact for
-    ``lo``, ``hi`` and the counts). A 0 in slot 2 tells an agreeing rank that a rank is in its
-    forward, and slots 3 and 4 the all-reduce with SUM it runs next. Shape: (5,)."""
-    lo64 = lo.to(torch.float64)
-    numel = torch.ones_like(sums, dtype=torch.float64).sum()  # no host value: dynamic sizes
-    code = lo64.new_full((), -float(SUMS_DTYPES.index(sums.dtype)))
-    return torch.stack([lo64, -hi.to(torch.float64), torch.zeros_like(lo64), -numel, code])
-
-
-def through(local: Tensor, total: Tensor) -> Tensor:
-    """``total``'s value with ``local``'s gradient (an identity: d total / d local = 1)."""
-    if not local.requires_grad:
-        return total
-    return torch.where(local.isfinite(), total + (local - local.detach()), total)
-
-
-def log_ratio_range(r: Tensor, mf: Tensor) -> tuple[Tensor, Tensor]:
-    """Min and max of ``r`` over valid tokens (``mf``: 0/1), ``+big`` and ``-big`` (the dtype's
-    largest float) where there is none (:func:`unreached` turns them into ±inf).
-    Shape: (B, T) or (N,) -> (), ()."""
-    # invalid tokens are pushed out of reach by the largest float
-    big = torch.finfo(r.dtype).max
-    far = torch.addcmul(r.new_full((), big), mf, r.new_full((), -big))  # 0 at valid tokens
-    return extreme(r + far, "min"), extreme(r - far, "max")
-
-
-def clip_stats(c: Cuts, adv: Tensor, n: Tensor, dual: bool = True) -> ClipStats:
-    """Counts and extrema over valid tokens (S10), from where the trust region cut (``c``: the
-    range of the log-ratio over valid tokens, and per row the number of tokens cut, ``sum |s|``,
-    and ``sum s``) and the row's valid tokens ``n``. Without ``dual`` (no dual clip),
-    ``num_clipped_dual`` is None: built so, not replaced afterwards (torch 2.4's ``torch.compile``
-    cannot trace ``NamedTuple._replace``).
-
-    Shape: c.lo, c.hi (); c.cut_rows, c.signed_rows, adv, n (B,).
-    """
-    lo, hi = c.lo, c.hi
-    at_eps = (c.cut_rows - c.signed_rows) / 2  # (B,)
-    at_cap = (c.cut_rows + c.signed_rows) / 2  # (B,) A < 0 rows only
-    low = torch.where(adv < 0, at_eps, 0)
-    high = torch.where(adv > 0, at_eps, 0)
-    nonempty = n > 0
-    nf = n.clamp(min=1)
-    big = torch.finfo(lo.dtype).max
-    return ClipStats(
-        num_tokens=total(n),
-        num_clipped_low=total(low),
-        num_clipped_high=total(high),
-        num_clipped_dual=total(at_cap) if dual else None,
-        log_ratio_min=unreached(lo, big),
-        log_ratio_max=unreached(hi, big),
-        row_clip_low_min=extreme(torch.where(nonempty, low / nf, math.inf), "min").to(lo.dtype),
-        row_clip_high_max=extreme(torch.where(nonempty, high / nf, -math.inf), "max").to(lo.dtype),
-    )
-
-
-def total(per_row: Tensor) -> Tensor:
-    """The exact int64 total of per-row float counts. Shape: (B,) -> ()."""
-    return per_row.to(torch.int64).sum()
-
-
-def extreme(x: Tensor, kind: str) -> Tensor:
-    """Min or max over all of ``x``: +inf or -inf when it is empty. Shape: (B, T), (B,) or
-    (N,) -> ().
-    Rows first, so that compiled code takes them in the pass that makes the row sums."""
-    if x.numel() == 0:
-        return x.new_full((), math.inf if kind == "min" else -math.inf)
-    if x.dim() == 2:
-        x = x.amin(-1) if kind == "min" else x.amax(-1)
-    return x.amin() if kind == "min" else x.amax()
-
-
-def unreached(x: Tensor, big: float) -> Tensor:
-    """±inf where an extremum over valid tokens found none (it reads ±``big`` then)."""
-    return torch.where(x.abs() >= big, x.sign() * math.inf, x)

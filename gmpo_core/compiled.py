@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from gmpo_core import _math
+from gmpo_core import _across, _math
 
 # Dynamo's compilation is not safe for threads that make their first calls at once (they race
 # into repeated recompilations): calls of the compiled kernel take turns.
@@ -37,24 +37,24 @@ UNCOMPILED = frozenset({"meta"})
 
 @functools.cache
 def compiled_forward() -> Callable[
-    [_math.Batch, _math.Hyper, bool, _math.Across | None], _math.Forward
+    [_math.Batch, _math.Hyper, bool, _across.Across | None], _math.Forward
 ]:
     """:func:`gmpo_core._math.forward` under ``torch.compile`` (created on first use). Not
-    ``fullgraph``: the function has no graph break (tests/test_compile.py compiles it with
+    ``fullgraph``: the function has no graph break (tests/core/test_compile.py compiles it with
     ``fullgraph=True``), but past torch's recompile limit (8 input signatures of one function
     in a process by default) a ``fullgraph`` function raises, where this one runs uncompiled,
     with torch's warning."""
     return torch.compile(_math.forward, dynamic=True)
 
 
-def kernel() -> Callable[[_math.Batch, _math.Hyper, bool, _math.Across | None], _math.Forward]:
+def kernel() -> Callable[[_math.Batch, _math.Hyper, bool, _across.Across | None], _math.Forward]:
     """The compiled forward, one call at a time across threads (uncompiled on the device types
     of :data:`UNCOMPILED`)."""
     return _serialized
 
 
 def _serialized(
-    b: _math.Batch, h: _math.Hyper, with_grad: bool, across: _math.Across | None = None
+    b: _math.Batch, h: _math.Hyper, with_grad: bool, across: _across.Across | None = None
 ) -> _math.Forward:
     if b.mask.dtype == torch.bool:  # a zero-copy view: compiled code loads bytes ~5x faster
         b = b._replace(mask=b.mask.view(torch.uint8))

@@ -5,6 +5,7 @@ Both paths run the same math (:mod:`gmpo_core._math`); docs/semantics.md states 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gmpo_core import _agree, _checks, _math, compiled
+from gmpo_core import _across, _agree, _checks, _math, compiled
 from gmpo_core.metrics import ClipStats
 from gmpo_core.options import Impl, check_impl
 
@@ -123,7 +124,7 @@ def gmpo_loss(
         h, b = _agree.agree(validate, call)
     else:
         h, b = validate()
-    across = None if process_group is None else _math.Across(process_group)
+    across = None if process_group is None else _across.Across(process_group)
     if torch.compiler.is_compiling() or _transformed(b):
         # inside a user's torch.compile or a torch.func transform: the math under autograd
         fw = _math.forward(b, h, across=across)
@@ -133,11 +134,8 @@ def gmpo_loss(
     else:
         kernel = _math.forward
     with_grad = logp.requires_grad and torch.is_grad_enabled()  # a backward may come
-    stats_out: list[tuple[ClipStats, Tensor | None]] = []
-    side = (across, stats_out, with_grad)
-    loss, per_seq, log_coef = _GMPO.apply(*b, h, kernel, side)  # type: ignore[no-untyped-call]
-    stats, kl_sum = stats_out[0]
-    return GMPOOutput(loss, per_seq, log_coef, stats, kl_sum)
+    out = _GMPO.apply(*b, h, kernel, (across, with_grad))  # type: ignore[no-untyped-call]
+    return GMPOOutput(*out)
 
 
 def _batch(x: _checks.Inputs, h: _math.Hyper, cu_seqlens: Tensor | None) -> _math.Batch:
@@ -198,27 +196,30 @@ class _GMPO(torch.autograd.Function):
         cu_seqlens: Tensor | None,
         h: _math.Hyper,
         kernel: Callable[..., _math.Forward],
-        side: tuple[_math.Across | None, list[tuple[ClipStats, Tensor | None]], bool],
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        across, stats_out, with_grad = side
+        side: tuple[_across.Across | None, bool],
+    ) -> tuple[Tensor, Tensor, Tensor, ClipStats, Tensor | None]:
+        across, with_grad = side
         b = _math.Batch(logp, old_logp, adv, mask, ref_logp, w_tok, w_row, cu_seqlens)
         fw = kernel(b, h, with_grad, across)
-        stats_out.append((fw.stats, fw.kl_sum))  # statistics leave outside autograd's outputs
         ctx.save_for_backward(logp, old_logp, adv, mask, ref_logp, w_tok, w_row, cu_seqlens)
         ctx.h = h
         # the recomputing backward reuses the reduced sums: no collective in a backward
         ctx.across = None if across is None else across._replace(totals=fw.totals)
         ctx.loss_grad = fw.loss_grad  # not an output: no reference cycle; used once
         ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None
-        return fw.loss, fw.per_sequence_loss, fw.log_coef
+        if fw.kl_sum is not None:
+            ctx.mark_non_differentiable(fw.kl_sum)
+        # the statistics are outputs too: a record (not a tensor, so not differentiated) and
+        # the KL sum (marked non-differentiable)
+        return fw.loss, fw.per_sequence_loss, fw.log_coef, fw.stats, fw.kl_sum
 
     @staticmethod
     def backward(
-        ctx: Any, g_loss: Tensor | None, g_ps: Tensor | None, g_lc: Tensor | None
+        ctx: Any, g_loss: Tensor | None, g_ps: Tensor | None, g_lc: Tensor | None, *_: Any
     ) -> tuple[Tensor | None, ...]:
         grad, ctx.loss_grad = ctx.loss_grad, None  # handed on, so autograd need not copy it
         saved = ctx.saved_tensors  # read once: a checkpoint unpacks each saved tensor once
-        nones = (None,) * 10
+        nones = (None,) * _INPUTS_AFTER_LOGP
         if grad is None or g_lc is not None or torch.is_grad_enabled():
             return (_autograd_grad(ctx, saved, (g_loss, g_ps, g_lc)), *nones)
         logp, cu_seqlens = saved[0], saved[-1]
@@ -237,6 +238,10 @@ class _GMPO(torch.autograd.Function):
         except RuntimeError:  # a batched upstream gradient (vmap, is_grads_batched) refuses
             grad = grad * scale  # in-place writes and host reads, before touching ``grad``
         return (grad.to(logp.dtype), *nones)
+
+
+#: the Function's inputs after ``logp``, none of which gets a gradient
+_INPUTS_AFTER_LOGP = len(inspect.signature(_GMPO.forward).parameters) - 2  # not ctx, logp
 
 
 def _autograd_grad(

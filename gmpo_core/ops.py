@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gmpo_core import _checks, _math
+from gmpo_core import _checks, _counts, _math
 from gmpo_core.metrics import ClipStats
 from gmpo_core.options import check_hyperparameters
 
@@ -178,8 +178,8 @@ def clip_metrics(
     adv = advantages.detach().to(r.dtype)
     _, q, cq = _math.sign_space(r, adv, h, seg)
     s = torch.sign(cq - q)  # -1 where cut at eps, +1 at the dual cap
-    lo, hi = _math.log_ratio_range(r, mf)
+    lo, hi = _counts.log_ratio_range(r, mf)
     a = s.abs()
     cut, signed, n = (_math.row_sum(x, seg, exact=True) for x in (a, s, mf))
-    cuts = _math.Cuts(a, cut, signed, lo, hi)
-    return _math.clip_stats(cuts, adv, n, dual=h.log_dual is not None)
+    cuts = _counts.Cuts(a, cut, signed, lo, hi)
+    return _counts.clip_stats(cuts, adv, n, dual=h.log_dual is not None)

@@ -9,7 +9,7 @@ pytest on the given paths, writes ``DIR/NAME.json`` (versions, counts, skip reas
 environment's size) and removes the environment (``--keep`` keeps it; the log stays).
 It exits 0 whatever the tests did; an interpreter that does not exist or an install that fails
 is recorded as a failure of the environment. ``compat.py report DIR/*.json`` writes
-``results/compat.md`` and exits 1 when a blocking environment did not pass. Standard library only:
+``results/compat/compat.md`` and exits 1 when a blocking environment did not pass. Standard library only:
 it runs with any Python 3.10+.
 """
 
@@ -238,9 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     env.add_argument("--about", default="")
     env.add_argument("--timeout", type=int, default=900, help="seconds for the tests")
     env.add_argument("--keep", action="store_true", help="keep the environment afterwards")
-    rep = sub.add_parser("report", help="write results/compat.md from the environments' records")
+    rep = sub.add_parser(
+        "report", help="write results/compat/compat.md from the environments' records"
+    )
     rep.add_argument("records", nargs="+")
-    rep.add_argument("--out", default=str(ROOT / "results" / "compat.md"))
+    rep.add_argument("--out", default=str(ROOT / "results" / "compat" / "compat.md"))
     rep.add_argument("--title", default="Compatibility: the ends of the declared ranges")
     rep.add_argument("--job", default="make compat", help="the command the report is of")
     args = parser.parse_args(argv)

@@ -1,10 +1,10 @@
 """Every measured number in the checked docs pages comes from a results file.
 
-``make figures`` regenerates the results files (``results/``, ``benchmarks/results/``) and the
+``make figures`` regenerates the results files (``results/<target>/``) and the
 figures (``docs/img/``); the pages quote them. This script reads each page registered in
 ``PAGES``, takes every number in its prose and tables, and reports the ones that no number in
 the page's results files rounds to (at the precision the page writes: ``0.72`` matches
-``0.7197``, not ``0.74``). ``tests/test_doc_numbers.py`` fails on any report.
+``0.7197``, not ``0.74``). ``tests/repo/test_doc_numbers.py`` fails on any report.
 
 Not numbers, on every page: fenced code blocks and inline code (commands, options, identifiers),
 link targets, dates (2026-11-29) and times (20:56), dotted versions (2.13.0), single-digit

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's first-run cost, measured: a fresh clone of the committed HEAD in a temporary
-# directory, then the README's commands in order, each timed. Writes results/first_run.md and
-# results/first_run.json here. COLD=1 runs pip with an empty download cache (everything is
+# directory, then the README's commands in order, each timed. Writes results/first-run/first_run.md and
+# results/first-run/first_run.json here. COLD=1 runs pip with an empty download cache (everything is
 # downloaded, as on a new machine); otherwise pip's cache is used as it is.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -40,8 +40,8 @@ venv_gb=$(du -sk .venv | python3 -c "import sys; print(f'{int(sys.stdin.read().s
 final=$(python3 -c "import json; s = json.load(open('runs/train/summary.json')); print(f\"{s['reward_first']:.2f} -> {s['reward_final']:.2f}\")")
 date=$(date -u +"%Y-%m-%d %H:%M UTC")
 cpu=$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | xargs || true)
-mkdir -p "$repo/results"
-cat > "$repo/results/first_run.json" <<JSON
+mkdir -p "$repo/results/first-run"
+cat > "$repo/results/first-run/first_run.json" <<JSON
 {"date_utc": "$date", "commit": "$commit", "pip_cache": "$cache", "cpus": $(nproc),
  "setup_s": ${secs[setup]}, "train_s": ${secs[train]}, "help_s": ${secs[help]},
  "train_help_s": ${secs[train_help]}, "docs_s": ${secs[docs]}, "venv_gb": $venv_gb,
@@ -66,5 +66,5 @@ JSON
   echo '```text'
   cat "$log"
   echo '```'
-} > "$repo/results/first_run.md"
-echo "wrote $repo/results/first_run.md"
+} > "$repo/results/first-run/first_run.md"
+echo "wrote $repo/results/first-run/first_run.md"

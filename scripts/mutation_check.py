@@ -26,7 +26,7 @@ for name in files:
         shutil.copy2(repo / name, root / name)
 python = sys.executable
 # the float32 property against the reference (values, gradient, every metric), plain path
-P = "tests/test_properties.py -k 'matches_reference_float32 and plain'"
+P = "tests/core/test_properties.py -k 'matches_reference_float32 and plain'"
 M = [
     # (what breaks, file, the exact text, its replacement, the tests that must catch it)
     (
@@ -34,63 +34,63 @@ M = [
         "gmpo_core/_math.py",
         "    pos = adv >= 0\n    one",
         "    pos = adv > 0\n    one",
-        "tests/test_hand_cases.py tests/test_properties.py -k plain",
+        "tests/core/test_hand_cases.py tests/core/test_properties.py -k plain",
     ),
     (
         "a token on its bound is cut (minimum splits the gradient at a tie)",
         "gmpo_core/_math.py",
         "cq = torch.where(q > cap, cap, q)",
         "cq = torch.minimum(q, cap.expand_as(q))",
-        "tests/test_hand_cases.py -k 'bound and plain'",
+        "tests/core/test_hand_cases.py -k 'bound and plain'",
     ),
     (
         "masked values multiplied instead of selected",
         "gmpo_core/_math.py",
         "r = torch.where(valid, logp - b.old_logp.to(dt), 0)",
         "r = (logp - b.old_logp.to(dt)) * mf",
-        "tests/test_properties.py -k 'padding_invariance and plain'",
+        "tests/core/test_properties.py -k 'padding_invariance and plain'",
     ),
     (
         "no n > 0 guard on the policy term (empty rows give -A)",
         "gmpo_core/_math.py",
         "active = (adv != 0) & (n > 0)",
         "active = adv != 0",
-        "tests/test_hand_cases.py tests/test_properties.py -k plain",
+        "tests/core/test_hand_cases.py tests/core/test_properties.py -k plain",
     ),
     (
         "no A != 0 guard on the policy term (NaN from A = 0 rows)",
         "gmpo_core/_math.py",
         "active = (adv != 0) & (n > 0)",
         "active = n > 0",
-        "tests/test_properties.py -k 'zero_advantage and plain'",
+        "tests/core/test_properties.py -k 'zero_advantage and plain'",
     ),
     (
         "written gradient not divided by B",
         "gmpo_core/_math.py",
         "to_tokens(policy.detach() / (nf * rows_b), seg)",
         "to_tokens(policy.detach() / nf, seg)",
-        "tests/test_properties.py -k 'backward_with_random_upstream and plain'",
+        "tests/core/test_properties.py -k 'backward_with_random_upstream and plain'",
     ),
     (
         "KL gradient with the wrong sign",
         "gmpo_core/_math.py",
         "grad = grad - em1.detach()",
         "grad = grad + em1.detach()",
-        "tests/test_properties.py -k 'plain and (kl or matches_reference)'",
+        "tests/core/test_properties.py -k 'plain and (kl or matches_reference)'",
     ),
     (
         "dual-clipped tokens counted as eps-clipped",
         "gmpo_core/_math.py",
         "num_clipped_dual=total(at_cap)",
         "num_clipped_dual=total(at_eps)",
-        "tests/test_hand_cases.py tests/test_properties.py -k plain",
+        "tests/core/test_hand_cases.py tests/core/test_properties.py -k plain",
     ),
     (
         "A = 0 rows counted as clipped high",
         "gmpo_core/_math.py",
         "high = torch.where(adv > 0, at_eps, 0)",
         "high = torch.where(adv >= 0, at_eps, 0)",
-        f"{P} tests/test_hand_cases.py",
+        f"{P} tests/core/test_hand_cases.py",
     ),
     (
         "log-ratio range over masked tokens too",
@@ -111,49 +111,49 @@ M = [
         "gmpo_core/_math.py",
         "return valid if w_tok is None else valid & (w_tok != 0)",
         "return valid",
-        "tests/test_properties.py -k 'zero_weight and plain' tests/test_hand_cases.py",
+        "tests/core/test_properties.py -k 'zero_weight and plain' tests/core/test_hand_cases.py",
     ),
     (
         "mean over B = 0 rows divides by zero",
         "gmpo_core/_math.py",
         "rows_b = max(per_seq.shape[0], 1)",
         "rows_b = per_seq.shape[0]",
-        "tests/test_hand_cases.py -k empty_batch",
+        "tests/core/test_hand_cases.py -k empty_batch",
     ),
     (
         "backward ignores the per-row upstream gradient's B factor",
         "gmpo_core/loss.py",
         "scale = g_ps.to(grad.dtype) * max(len(g_ps), 1)",
         "scale = g_ps.to(grad.dtype)",
-        "tests/test_properties.py -k 'backward_with_random_upstream and plain'",
+        "tests/core/test_properties.py -k 'backward_with_random_upstream and plain'",
     ),
     (
         "backward ignores an upstream gradient of loss other than 1",
         "gmpo_core/loss.py",
         'if g_ps is not None or scale.device.type != "cpu" or scale.item() != 1.0:',
         "if g_ps is not None:",
-        "tests/test_compile.py -k scaled_loss",
+        "tests/core/test_compile.py -k scaled_loss",
     ),
     (
         "create_graph gets the first-order gradient without a graph",
         "gmpo_core/loss.py",
         "if grad is None or g_lc is not None or torch.is_grad_enabled():",
         "if grad is None or g_lc is not None:",
-        "tests/test_properties.py -k 'second_order or penalty'",
+        "tests/core/test_properties.py -k 'second_order or penalty'",
     ),
     (
         "advantages not detached",
         "gmpo_core/loss.py",
         "adv=x.advantages.detach(),",
         "adv=x.advantages,",
-        "tests/test_compile.py -k advantages_get_no_gradient",
+        "tests/core/test_compile.py -k advantages_get_no_gradient",
     ),
     (
         "devices not checked",
         "gmpo_core/_checks.py",
         'check_devices("logp", x.logp, {**others, "cu_seqlens": cu_seqlens})',
         "pass",
-        "tests/test_devices.py -k 'another_device or check_devices'",
+        "tests/core/devices/test_devices.py -k 'another_device or check_devices'",
     ),
     (
         "metrics: region = low only",
@@ -167,7 +167,7 @@ M = [
         "gmpo_core/lm_head.py",
         "sc.mul_(blk.clamp_(min=_LOG_ZERO))",
         "sc.mul_(blk)",
-        "tests/test_lm_head.py -k masked_vocabulary",
+        "tests/core/test_lm_head.py -k masked_vocabulary",
     ),
     (
         "verl token-mean accepts too few global tokens",
@@ -181,21 +181,21 @@ M = [
         "gmpo_core/_math.py",
         "x64 = x.to(torch.float64)\n    if differentiated(x):",
         "x64 = x\n    if differentiated(x):",
-        "tests/test_segments.py -k 'long_segment or exact_past'",
+        "tests/core/test_segments.py -k 'long_segment or exact_past'",
     ),
     (
         "the gradient is written under no_grad",
         "gmpo_core/loss.py",
         "with_grad = logp.requires_grad and torch.is_grad_enabled()",
         "with_grad = logp.requires_grad",
-        "tests/test_transforms.py -k no_gradient",
+        "tests/core/test_transforms.py -k no_gradient",
     ),
     (
         "transformed calls go through the autograd.Function",
         "gmpo_core/loss.py",
         "if torch.compiler.is_compiling() or _transformed(b):",
         "if torch.compiler.is_compiling():",
-        "tests/test_transforms.py -k func",
+        "tests/core/test_transforms.py -k func",
     ),
 ]
 only = sys.argv[1:]

@@ -10,8 +10,8 @@
    norm of one global batch of 8 sequences split into 1, 2, 4 and dynamic-size micro-batches,
    for ``gmpo`` and verl's ``geo_mean``.
 
-Writes results/verl_cpu.md (the step lines with the metrics the page shows, the grad norms) and
-results/verl_cpu.json (every metric of every step, the full grad-norm reports). The logs stay in
+Writes results/figures-verl/verl_cpu.md (the step lines with the metrics the page shows, the grad norms) and
+results/figures-verl/verl_cpu.json (every metric of every step, the full grad-norm reports). The logs stay in
 the work folder (default runs/figures-verl).
 
     python scripts/verl_cpu.py [--workdir runs/figures-verl] [--steps 3] [--skip-engine]
@@ -211,7 +211,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--workdir", type=Path, default=ROOT / "runs" / "figures-verl")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--skip-engine", action="store_true")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "verl_cpu")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "figures-verl" / "verl_cpu")
     args = parser.parse_args(argv)
 
     workdir = args.workdir.resolve()

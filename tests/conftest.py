@@ -1,7 +1,7 @@
 """Test configuration: Hypothesis profiles and torch settings shared by the suite.
 
 Profiles: ``dev`` (fast, default), ``ci`` (300 examples a property, derandomized, what .ci/run
-uses), ``nightly`` (3000 examples) and ``smoke`` (5, derandomized: benchmarks/gpu.sh's dry run
+uses), ``nightly`` (3000 examples) and ``smoke`` (5, derandomized: scripts/gpu.sh's dry run
 proving that the tests run). Select with ``HYPOTHESIS_PROFILE=ci``.
 """
 

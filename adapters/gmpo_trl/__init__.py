@@ -12,28 +12,11 @@ depends on it stay fast.
 
 from __future__ import annotations
 
-import warnings
-from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
-from gmpo_trl.fields import MIN_TRL, TESTED_TRL
+from gmpo_trl.compat import warn_if_unsupported
 
-
-def supported_trl(installed: str) -> bool:
-    """Whether a TRL release is in the supported range (``major.minor >= MIN_TRL``)."""
-    try:
-        return tuple(int(part) for part in installed.split(".")[:2]) >= MIN_TRL
-    except ValueError:
-        return False
-
-
-_TRL = version("trl")  # read from the metadata: importing trl is left to what needs it
-if not supported_trl(_TRL):
-    warnings.warn(
-        f"gmpo_trl supports trl >= {MIN_TRL[0]}.{MIN_TRL[1]} (tested with "
-        f"{' and '.join(TESTED_TRL)}); trl {_TRL} is installed",
-        stacklevel=2,
-    )
+warn_if_unsupported()
 
 if TYPE_CHECKING:
     from gmpo_trl.config import GMPOConfig

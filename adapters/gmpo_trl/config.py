@@ -9,27 +9,17 @@ from typing import Any
 from trl import GRPOConfig
 
 from gmpo_core.options import IMPLS, check_beta, check_hyperparameters, check_impl
-from gmpo_trl.fields import OPTIONS
+from gmpo_trl.fields import GMPO_FIELDS, OTHER_LOSS_FIELDS
 
 RECIPES = "docs/recipes.md"
 
-# Fields whose non-default value only matters for another loss_type (none is silently dropped):
-# a user-set value is refused.
-_OTHER_LOSS_FIELDS = (
-    "sapo_temperature_neg",
-    "sapo_temperature_pos",
-    "vespo_k_pos",
-    "vespo_lambda_pos",
-    "vespo_k_neg",
-    "vespo_lambda_neg",
-)
 # gmpo_loss's epsilon, epsilon_high and dual_clip, as GMPOConfig calls them
 _NAMES = ("epsilon", "epsilon_high", "delta")
 
 
 def _option(name: str) -> Any:
-    """The dataclass field of one of GMPO's own options (``gmpo_trl.fields.OPTIONS``)."""
-    option = OPTIONS[name]
+    """The dataclass field of one of GMPO's own fields (``gmpo_trl.fields.GMPO_FIELDS``)."""
+    option = GMPO_FIELDS[name]
     return field(default=option.default, metadata={"help": option.help})
 
 
@@ -96,7 +86,7 @@ def check_config(args: GRPOConfig) -> None:
             "k3 estimator of gmpo_core, which has no ratio-weighted form. Set it to False."
         )
     defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
-    for name in _OTHER_LOSS_FIELDS:
+    for name in OTHER_LOSS_FIELDS:  # a non-default value would be silently dropped
         if getattr(args, name) != defaults[name]:
             raise ValueError(
                 f"{name}={getattr(args, name)!r} only applies to another loss_type and would "

@@ -12,8 +12,10 @@ Each field is tagged
 ``tests/trl/test_config.py`` fails when the installed TRL's ``GRPOConfig`` declares a field this
 table does not know (a field it inherits unchanged from ``transformers.TrainingArguments`` never
 reaches the loss step and needs no entry), and when the source of ``GRPOTrainer._compute_loss`` is
-none of the reviewed ones (``KNOWN_COMPUTE_LOSS_SHA256``), so that a TRL upgrade is reviewed, not
-silently absorbed; ``GMPOTrainer`` warns on an unknown one. ``docs/trl.md`` renders the table.
+none of the reviewed ones (``gmpo_trl.compat.KNOWN_COMPUTE_LOSS_SHA256``), so that a TRL upgrade
+is reviewed, not silently absorbed; ``GMPOTrainer`` warns on an unknown one. ``docs/trl.md``
+renders the table. :data:`GMPO_FIELDS` is the other table: the fields ``GMPOConfig`` declares
+itself (their defaults and help, which ``gmpo train --help`` reads without importing TRL).
 """
 
 from __future__ import annotations
@@ -22,18 +24,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 Tag = Literal["honoured", "rejected", "irrelevant"]
-
-#: the oldest TRL the adapter supports (``major.minor``; pyproject.toml's ``trl>=1.10``)
-MIN_TRL = (1, 10)
-#: the TRL releases the adapter is tested with (``make compat`` and the main test run)
-TESTED_TRL = ("1.10.0", "1.16.0")
-#: sha256 of ``inspect.getsource(trl.GRPOTrainer._compute_loss)`` in each reviewed TRL release
-KNOWN_COMPUTE_LOSS_SHA256 = {
-    "1.10.0": "75bd01badfb43ed6d59919da054060514338d6e07054508d3eb07dc988646cad",
-    "1.16.0": "80295546bbdbf6f711acce7f6e69b0100ab40aa8f23ed8052cc564ff024e3e40",
-}
-#: the newest reviewed release's (what the main test run checks)
-COMPUTE_LOSS_SHA256 = KNOWN_COMPUTE_LOSS_SHA256["1.16.0"]
 
 _H: Tag = "honoured"
 _R: Tag = "rejected"
@@ -60,12 +50,6 @@ FIELDS: dict[str, tuple[Tag, str]] = {
         _R,
         "only False: the ratio-weighted per-token KL has no sequence-level form in gmpo_core",
     ),
-    "sapo_temperature_neg": (_R, "only the default: used by loss_type='sapo' only"),
-    "sapo_temperature_pos": (_R, "only the default: used by loss_type='sapo' only"),
-    "vespo_k_pos": (_R, "only the default: used by loss_type='vespo' only"),
-    "vespo_lambda_pos": (_R, "only the default: used by loss_type='vespo' only"),
-    "vespo_k_neg": (_R, "only the default: used by loss_type='vespo' only"),
-    "vespo_lambda_neg": (_R, "only the default: used by loss_type='vespo' only"),
     # --- host terms and masks, honoured -------------------------------------------------------
     "num_iterations": (_H, "old log-probs from the host: the ratio is logp - old_logp"),
     "steps_per_generation": (_H, "off-policy micro-batches use the host's old log-probs"),
@@ -106,6 +90,19 @@ FIELDS: dict[str, tuple[Tag, str]] = {
     "ref_model_sync_steps": (_H, "reference-model sync (host)"),
     "max_tool_calling_iterations": (_H, "tool-result tokens leave the row through tool_mask"),
 }
+
+#: fields that only another loss_type reads: a user-set (non-default) value is refused, since it
+#: would change nothing under GMPO (field -> that loss_type)
+OTHER_LOSS_FIELDS: dict[str, str] = {
+    "sapo_temperature_neg": "sapo",
+    "sapo_temperature_pos": "sapo",
+    "vespo_k_pos": "vespo",
+    "vespo_lambda_pos": "vespo",
+    "vespo_k_neg": "vespo",
+    "vespo_lambda_neg": "vespo",
+}
+for _name, _loss in OTHER_LOSS_FIELDS.items():
+    FIELDS[_name] = (_R, f"only the default: used by loss_type='{_loss}' only")
 
 # Fields that never reach the loss step: generation, rewards, data, logging, saving, the optimizer
 # and the distributed set-up (GRPOTrainer and transformers.Trainer handle them unchanged).
@@ -159,10 +156,10 @@ class Option:
     fixed: bool = False
 
 
-#: The options ``GMPOConfig`` declares (GRPOConfig's own default and help replaced, or added), in
+#: The fields ``GMPOConfig`` declares (GRPOConfig's own default and help replaced, or added), in
 #: ``--help``'s order: the one source of their defaults and help (pure Python: ``--help`` reads
 #: it without importing TRL). The impl names are ``gmpo_core.options.IMPLS``.
-OPTIONS: dict[str, Option] = {
+GMPO_FIELDS: dict[str, Option] = {
     "epsilon": Option(
         0.4,
         "Lower clip in log space: the token ratio's lower bound is exp(-epsilon). "
@@ -187,10 +184,10 @@ OPTIONS: dict[str, Option] = {
     ),
     "gmpo_lm_head": Option(
         True,
-        "Score tokens with gmpo_core.token_logprobs instead of TRL's chunked LM head: inside the "
-        "trainer step it took 0.33x the time and 0.08x the peak memory of TRL's head "
-        "(docs/lm_head.md). Where it does not apply (a logit soft-cap, extra kernel outputs) "
-        "TRL's head is used, with one warning.",
+        "Score tokens with gmpo_core.token_logprobs instead of TRL's chunked LM head: less time "
+        "and a fraction of the peak memory inside the trainer step (docs/lm_head.md has the "
+        "measurements). Where it does not apply (a logit soft-cap, extra kernel outputs) TRL's "
+        "head is used, with one warning.",
         added=True,
     ),
     "loss_type": Option(

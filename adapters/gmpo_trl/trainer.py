@@ -11,12 +11,9 @@ processes. Everything else (generation, rewards, advantages, vLLM, saving) is GR
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import os
 import pickle
 import warnings
-from importlib.metadata import version
 from typing import Any, ClassVar
 
 import torch
@@ -27,61 +24,15 @@ from trl import GRPOConfig, GRPOTrainer
 from gmpo_core import gmpo_loss, sequence_kl
 from gmpo_core import metrics as gmpo_metrics
 from gmpo_trl import vllm_cpu
+from gmpo_trl.compat import check_compute_loss, check_liger, forward_keys
 from gmpo_trl.config import GMPOConfig, check_config
-from gmpo_trl.fields import KNOWN_COMPUTE_LOSS_SHA256
-from gmpo_trl.lm_head import lm_head_swapped
-
-# The forward's optional inputs (multimodal fields...), read from the helper's own signature so a
-# field TRL adds there reaches the model without a change here.
-_FORWARD_FIXED = {
-    "self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size",
-    "compute_entropy", "compute_aux_loss",
-}  # fmt: skip
-_NAMED = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-# where the scoring helper takes ``*args, **kwargs`` (TRL 1.14), the helpers it passes them to
-_FORWARD_DELEGATES = ("_full_logits_logps", "_chunked_logps")
-
-
-def forward_keys(trainer_cls: type = GRPOTrainer) -> tuple[str, ...]:
-    """The optional inputs ``trainer_cls._get_per_token_logps_and_entropies`` takes by name: its
-    named parameters; where it also takes ``**kwargs``, the named parameters that every helper it
-    passes them to takes. Never the names of ``*args`` or ``**kwargs`` themselves."""
-
-    def named(fn: Any) -> list[str]:
-        return [p.name for p in inspect.signature(fn).parameters.values() if p.kind in _NAMED]
-
-    entry = trainer_cls._get_per_token_logps_and_entropies
-    keys = named(entry)
-    kinds = {p.kind for p in inspect.signature(entry).parameters.values()}
-    helpers = [getattr(trainer_cls, n) for n in _FORWARD_DELEGATES if hasattr(trainer_cls, n)]
-    if inspect.Parameter.VAR_KEYWORD in kinds and helpers:
-        common = set.intersection(*(set(named(h)) for h in helpers))
-        keys += [k for k in named(helpers[0]) if k in common and k not in keys]
-    return tuple(k for k in keys if k not in _FORWARD_FIXED)
-
+from gmpo_trl.head_swap import lm_head_swapped
 
 FORWARD_KEYS = forward_keys()
 #: the part of a GMPOTrainer checkpoint that GRPOTrainer's own files do not hold, one per process
 RESUME_STATE = "gmpo_trainer_state_{}.pt"
 # the adaptive entropy controller's window mean, read with the metrics (not logged)
 _WORLD_ENTROPY = "_world_entropy"
-
-
-def compute_loss_fingerprint() -> str:
-    """sha256 of the installed ``GRPOTrainer._compute_loss`` source (see ``gmpo_trl.fields``)."""
-    return hashlib.sha256(inspect.getsource(GRPOTrainer._compute_loss).encode()).hexdigest()
-
-
-def check_compute_loss() -> None:
-    """Warn (not fail) when the installed ``GRPOTrainer._compute_loss`` is none of the sources
-    ``gmpo_trl`` was reviewed against (``gmpo_trl.fields.KNOWN_COMPUTE_LOSS_SHA256``)."""
-    if compute_loss_fingerprint() not in KNOWN_COMPUTE_LOSS_SHA256.values():
-        warnings.warn(
-            f"gmpo_trl: GRPOTrainer._compute_loss of trl {version('trl')} is not one gmpo_trl "
-            f"was reviewed against (trl {', '.join(KNOWN_COMPUTE_LOSS_SHA256)}): a loss feature "
-            "it added may be missing from GMPOTrainer; check gmpo_trl.fields against it",
-            stacklevel=3,
-        )
 
 
 class GMPOTrainer(GRPOTrainer):
@@ -114,13 +65,7 @@ class GMPOTrainer(GRPOTrainer):
                 "(epsilon is a log-space bound there, as in trl.experimental.gmpo)"
             )
         check_config(args)  # again: fields may have been changed after construction
-        if args.use_liger_kernel and hasattr(GRPOTrainer, "compute_liger_loss"):
-            raise ValueError(
-                f"use_liger_kernel=True: trl {version('trl')}'s GRPOTrainer computes the loss with "
-                "Liger's GRPO loss (compute_liger_loss) instead of _compute_loss, so GMPO would "
-                "not be trained; set use_liger_kernel=False (from trl 1.14 the flag leaves the "
-                "loss step to GMPOTrainer)"
-            )
+        check_liger(args.use_liger_kernel)
         check_compute_loss()
         vllm_cpu.prepare(model, args)  # use_vllm: checks and the CPU workaround, before the engine
         super().__init__(model, reward_funcs, args=args, **kwargs)

@@ -12,9 +12,13 @@ from typing import Any
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from gmpo_trl import GMPOConfig, GMPOTrainer, toy
+from gmpo_core import gmpo_loss
+from gmpo_tasks import successor as toy
+from gmpo_tasks.chars import char_tokenizer
+from gmpo_tasks.models import qwen2_model
+from gmpo_trl import GMPOConfig, GMPOTrainer
 
-TOKENIZER = toy.char_tokenizer()
+TOKENIZER = char_tokenizer()
 
 
 def make_trainer(
@@ -32,7 +36,7 @@ def make_trainer(
     if config_cls is GMPOConfig:
         overrides.setdefault("gmpo_impl", "plain")
     args = config_cls(**toy.toy_args(str(tmp), **overrides))
-    model = model if model is not None else toy.tiny_model(TOKENIZER, seed=0)
+    model = model if model is not None else qwen2_model(TOKENIZER, seed=0)
     if args.beta != 0 and not model.config._name_or_path:
         # GRPOTrainer loads the reference model from the policy's path: give it one
         path = Path(tmp) / f"init-{type(model).__name__}"
@@ -148,3 +152,56 @@ def tiny_moe() -> Any:
     )  # fmt: skip
     torch.manual_seed(0)
     return Qwen2MoeForCausalLM(config)
+
+
+RTOL, ATOL = 1e-5, 1e-7  # float32, same model and inputs: only summation order differs
+
+
+def assert_same(a: torch.Tensor, b: torch.Tensor) -> None:
+    torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL)
+
+
+def expected_loss(trainer, inputs, mask=None, **kwargs) -> torch.Tensor:
+    """gmpo_core on the trainer's own log-probs: what the loss step must return."""
+    logps = model_logps(trainer, inputs)
+    mask = inputs["completion_mask"].bool() if mask is None else mask
+    return gmpo_loss(
+        logps, inputs.get("old_per_token_logps"), inputs["advantages"], mask, impl="plain",
+        **kwargs,
+    ).loss  # fmt: skip
+
+
+def inputs_of(trainer, spec: dict) -> dict:
+    spec = dict(spec)
+    tool = spec.pop("tool_mask", False)
+    inputs = make_inputs(trainer, **spec)
+    if tool:
+        g = torch.Generator().manual_seed(7)
+        inputs["tool_mask"] = (
+            torch.rand(inputs["completion_mask"].shape, generator=g) > 0.3
+        ).long()
+    return inputs
+
+
+def is_ratio(inputs, mode: str) -> torch.Tensor:
+    """vLLM importance-sampling ratios as GRPOTrainer builds them in each mode."""
+    g = torch.Generator().manual_seed(3)
+    mask = inputs["completion_mask"].float()
+    diff = 0.3 * torch.randn(mask.shape, generator=g) * mask  # old - sampling log-probs
+    if mode.startswith("sequence"):
+        ratio = diff.sum(-1, keepdim=True).exp()  # (B, 1)
+    else:
+        ratio = diff.exp()  # (B, T)
+    if mode.endswith("truncate"):
+        return ratio.clamp(max=1.2)
+    return ratio.masked_fill(ratio > 1.2, 0.0)  # *_mask: out-of-range ratios are zeroed
+
+
+IS_MODES = ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+
+
+def enable_is(trainer, mode: str) -> None:
+    # use_vllm needs vLLM at construction; the loss step only reads these attributes
+    trainer.use_vllm = True
+    trainer.vllm_importance_sampling_correction = True
+    trainer.vllm_importance_sampling_mode = mode

@@ -14,7 +14,8 @@ trl = pytest.importorskip("trl")
 
 from trl import GRPOTrainer  # noqa: E402
 
-from gmpo_trl.trainer import FORWARD_KEYS, forward_keys  # noqa: E402
+from gmpo_trl.compat import forward_keys  # noqa: E402
+from gmpo_trl.trainer import FORWARD_KEYS  # noqa: E402
 from tests.trl._support import loss_and_grad, make_inputs, make_trainer  # noqa: E402
 
 pytestmark = pytest.mark.trl

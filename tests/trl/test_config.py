@@ -9,8 +9,13 @@ import pytest
 
 trl = pytest.importorskip("trl")
 
-from gmpo_trl import GMPOConfig, GMPOTrainer, fields  # noqa: E402
-from gmpo_trl.trainer import compute_loss_fingerprint  # noqa: E402
+from gmpo_trl import (  # noqa: E402
+    GMPOConfig,
+    GMPOTrainer,
+    compat,
+    fields,
+)
+from gmpo_trl.compat import compute_loss_fingerprint  # noqa: E402
 from tests.trl._support import GRPOConfig, make_trainer  # noqa: E402
 
 pytestmark = pytest.mark.trl
@@ -112,7 +117,7 @@ def test_the_table_has_no_stale_loss_field():
     installed = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
     loss_fields = {name for name, (tag, _) in fields.FIELDS.items() if tag != "irrelevant"}
     stale = sorted(loss_fields - installed)
-    if stale and trl.__version__ != fields.TESTED_TRL[-1]:
+    if stale and trl.__version__ != compat.TESTED_TRL[-1]:
         pytest.skip(f"trl {trl.__version__}'s GRPOConfig lacks {stale} (added after it)")
     assert not stale, f"fields in gmpo_trl.fields.FIELDS that GRPOConfig no longer has: {stale}"
 
@@ -143,15 +148,15 @@ def test_table_tags_and_gmpo_fields():
     ours = {f.name for f in dataclasses.fields(GMPOConfig)} - {
         f.name for f in dataclasses.fields(trl.GRPOConfig)
     }
-    assert ours == {name for name, option in fields.OPTIONS.items() if option.added}
+    assert ours == {name for name, option in fields.GMPO_FIELDS.items() if option.added}
 
 
 def test_gmpo_options_come_from_the_option_table():
-    """GMPOConfig declares exactly the options of ``fields.OPTIONS``, with their defaults and
+    """GMPOConfig declares exactly the options of ``fields.GMPO_FIELDS``, with their defaults and
     help; GMPOConfig redeclares the GRPOConfig fields of the table that are not ``added``."""
     declared = {f.name: f for f in dataclasses.fields(GMPOConfig)}
     grpo = {f.name: f for f in dataclasses.fields(trl.GRPOConfig)}
-    for name, option in fields.OPTIONS.items():
+    for name, option in fields.GMPO_FIELDS.items():
         assert (declared[name].default, declared[name].metadata["help"]) == (
             option.default,
             option.help,
@@ -163,7 +168,7 @@ def test_gmpo_options_come_from_the_option_table():
                 option.help,
             ), name
     redeclared = {n for n in grpo if declared[n] is not grpo[n]}  # inherited: the same Field
-    assert redeclared == {n for n, o in fields.OPTIONS.items() if not o.added}
+    assert redeclared == {n for n, o in fields.GMPO_FIELDS.items() if not o.added}
 
 
 def test_every_rejected_field_is_refused(tmp_path):
@@ -189,22 +194,20 @@ def test_every_rejected_field_is_refused(tmp_path):
 def test_grpo_compute_loss_fingerprint():
     """Fails when the installed TRL's GRPOTrainer._compute_loss is none of the reviewed sources:
     review gmpo_trl.trainer and gmpo_trl.fields against it, then add it to
-    fields.KNOWN_COMPUTE_LOSS_SHA256."""
-    known = fields.KNOWN_COMPUTE_LOSS_SHA256
+    compat.KNOWN_COMPUTE_LOSS_SHA256."""
+    known = compat.KNOWN_COMPUTE_LOSS_SHA256
     assert compute_loss_fingerprint() in known.values(), f"trl {trl.__version__} is not reviewed"
     if trl.__version__ in known:
         assert compute_loss_fingerprint() == known[trl.__version__]
 
 
 def test_an_unknown_fingerprint_warns_and_a_known_one_does_not(tmp_path, monkeypatch):
-    import gmpo_trl.trainer
-
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        gmpo_trl.trainer.check_compute_loss()
-    monkeypatch.setattr(gmpo_trl.trainer, "compute_loss_fingerprint", lambda: "0" * 64)
+        compat.check_compute_loss()
+    monkeypatch.setattr(compat, "compute_loss_fingerprint", lambda: "0" * 64)
     with pytest.warns(UserWarning, match=r"_compute_loss of trl \S+ is not one gmpo_trl") as w:
-        gmpo_trl.trainer.check_compute_loss()
+        compat.check_compute_loss()
     assert len(w) == 1 and "1.10.0" in str(w[0].message) and "\n" not in str(w[0].message)
 
 

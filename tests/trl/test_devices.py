@@ -12,7 +12,7 @@ padding mask is all ones (``padding_mask.all()`` in ``masking_utils._ignore_caus
 a read of the model's, not the adapter's. ``top_entropy_quantile`` < 1 is left out: GRPOTrainer's
 own ``get_high_entropy_mask``, which the adapter reuses, selects the valid tokens by boolean
 indexing (``entropies[mask.bool()]``), a data-dependent shape that reads the host. The stats
-reductions both adapters call are covered on meta in tests/test_metrics_devices.py. The tokens
+reductions both adapters call are covered on meta in tests/core/devices/test_metrics_devices.py. The tokens
 are scored by gmpo's LM head (``gmpo_lm_head``, the default); TRL 1.16's own
 ``ChunkedLogProbFunction`` enters ``torch.autocast`` for the input's device type, which ``meta``
 does not have ("unknown device type for autocast").
@@ -94,7 +94,7 @@ def _moe_model() -> Any:
 def test_loss_step_on_meta_reads_the_host_once_per_step(
     tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gmpo_trl import lm_head
+    from gmpo_trl import head_swap as lm_head
 
     head_calls = []
     original = lm_head.token_logprobs

@@ -1,6 +1,6 @@
 """Whole training runs on CPU: learning, gradient accumulation, resume, LoRA, num_iterations.
 
-Each run trains the tiny model of ``gmpo_trl.toy`` on the successor task for a handful of steps
+Each run trains the tiny model of ``gmpo_tasks.successor`` on the successor task for a handful of steps
 (a step takes tens of milliseconds); the end-to-end run takes a few seconds.
 """
 

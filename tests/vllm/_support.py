@@ -21,9 +21,12 @@ pytest.importorskip(
 
 import torch
 
-from gmpo_trl import GMPOConfig, GMPOTrainer, toy
+from gmpo_tasks import successor as toy
+from gmpo_tasks.chars import char_tokenizer
+from gmpo_tasks.models import qwen2_model
+from gmpo_trl import GMPOConfig, GMPOTrainer
 
-TOKENIZER = toy.char_tokenizer()
+TOKENIZER = char_tokenizer()
 #: the toy's model with one head of 32 (head_dim 32: the smallest vLLM's CPU attention takes)
 HEADS = 1
 #: completions of up to 3 tokens (the reward reads the first): the token modes' (B, T) weights
@@ -34,7 +37,7 @@ COMPLETION = 3
 def vllm_model(tmp: Path, *, seed: int = 0) -> Any:
     """The toy's tiny Qwen2 (hidden 32, one head), saved to ``tmp/init`` with its tokenizer, its
     ``name_or_path`` pointing there (TRL builds vLLM's engine from it)."""
-    model = toy.tiny_model(TOKENIZER, seed=seed, heads=HEADS)
+    model = qwen2_model(TOKENIZER, seed=seed, heads=HEADS)
     path = Path(tmp) / "init"
     model.save_pretrained(path)
     TOKENIZER.save_pretrained(path)

@@ -8,7 +8,9 @@ import json
 
 import pytest
 
-from gmpo_trl import GMPOConfig, GMPOTrainer, toy, vllm_cpu
+from gmpo_tasks import successor as toy
+from gmpo_tasks.models import qwen2_model
+from gmpo_trl import GMPOConfig, GMPOTrainer, vllm_cpu
 from gmpo_trl.cli import main
 from tests.vllm._support import TOKENIZER, vllm_args, vllm_model
 
@@ -42,7 +44,7 @@ def test_vllm_runs_on_the_cpu_here():
 
 
 def test_head_dim_refused(tmp_path, no_engine):
-    model = toy.tiny_model(TOKENIZER)  # hidden 32, 4 heads: head_dim 8
+    model = qwen2_model(TOKENIZER)  # hidden 32, 4 heads: head_dim 8
     model.save_pretrained(tmp_path / "m")
     model.name_or_path = str(tmp_path / "m")
     with pytest.raises(ValueError, match=r"CPU attention cannot run .*: its head_dim is 8 "):
@@ -55,7 +57,7 @@ def test_server_mode_on_cpu_refused(tmp_path, no_engine):
 
 
 def test_model_without_a_path_refused(tmp_path, no_engine):
-    model = toy.tiny_model(TOKENIZER, heads=1)  # never saved: name_or_path is ''
+    model = qwen2_model(TOKENIZER, heads=1)  # never saved: name_or_path is ''
     with pytest.raises(ValueError, match="the model has no name_or_path; vLLM builds its engine"):
         build(tmp_path, model)
     model.name_or_path = str(tmp_path / "nowhere")
@@ -87,7 +89,7 @@ def test_vllm_not_installed_refused(tmp_path, monkeypatch, no_engine):
     ids=["server", "head_dim"],
 )
 def test_cli_one_line_exit_2(tmp_path, capsys, no_engine, extra, match):
-    model = toy.tiny_model(TOKENIZER)
+    model = qwen2_model(TOKENIZER)
     model.save_pretrained(tmp_path / "m8")
     extra = [str(tmp_path / "m8") if a == "MODEL8" else a for a in extra]
     for command in ("train", "compare"):

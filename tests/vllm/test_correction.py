@@ -23,7 +23,8 @@ import pytest
 import torch
 
 from gmpo_core import reference
-from gmpo_trl import GMPOConfig, GMPOTrainer, toy
+from gmpo_tasks import successor as toy
+from gmpo_trl import GMPOConfig, GMPOTrainer
 from tests.vllm._support import COMPLETION, TOKENIZER, batch, vllm_args, vllm_trainer
 
 pytestmark = pytest.mark.vllm

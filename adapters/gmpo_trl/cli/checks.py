@@ -1,7 +1,7 @@
 """What the user named, checked before any work is done: the model, the dataset and the reward
 functions (:func:`check_inputs`), and the config values that TRL takes as given until deep in
-the run or after it (:func:`check_counts`, :func:`check_config`): each failure is one line
-(:class:`~gmpo_trl.cli.options.CLIError`)."""
+the run or after it (:func:`check_counts`, :func:`check_run`): each failure is one line
+(:class:`~gmpo_trl.cli.errors.CLIError`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gmpo_trl.cli.options import TASKS, CLIError
+from gmpo_tasks.registry import get_task
+from gmpo_trl.cli.errors import CLIError
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
@@ -105,8 +106,10 @@ def load_dataset(spec: str, split: str) -> Any:
 
 def check_inputs(script: Any) -> None:
     """What the user named (task, model, dataset, rewards) before any work is done."""
-    if script.task not in TASKS:  # the command line's choices; a --config file's value lands here
-        raise CLIError(f"--task must be one of {', '.join(TASKS)}, got {script.task!r}")
+    try:  # the command line's choices; a --config file's value lands here
+        get_task(script.task)
+    except ValueError as err:
+        raise CLIError(str(err)) from err
     if script.model is not None:
         check_model(script.model)
     if script.dataset is not None:
@@ -136,7 +139,7 @@ def check_counts(values: dict[str, Any]) -> None:
             raise CLIError(f"--{name} must be an integer >= 1, got {value!r}")
 
 
-def check_config(config: Any) -> None:
+def check_run(config: Any) -> None:
     """What TRL checks only once the run is under way (or never): the learning rate, and an
     output directory that cannot be one."""
     lr = config.learning_rate
@@ -232,29 +235,28 @@ def check_grpo_epsilon(value: Any) -> float:
 
 
 def check_task_lengths(script: Any, config: Any, command: str) -> None:
-    """The built-in reverse model (learned positions) holds the prompt and the longest
-    completion (beyond, generation ends in an IndexError after the warm start); a completion
-    shorter than the answer cannot earn the exact-match reward: a warning."""
-    if script.task != "reverse" or script.model is not None or script.dataset is not None:
+    """A built-in model with a fixed number of positions (the reverse task's: learned
+    positions) holds the prompt and the longest completion (beyond, generation ends in an
+    IndexError after the warm start); a completion shorter than the task's answer cannot earn
+    its reward: a warning."""
+    if script.model is not None or script.dataset is not None:
         return
-    from gmpo_trl.reverse import ReverseTask
-    from gmpo_trl.reverse_trl import reverse_model
-
-    task = ReverseTask()
-    tokenizer, model = reverse_model(task)  # a tiny model, untrained: its config's positions
-    positions = model.config.n_positions
-    prompt = len(tokenizer(task.prompts(1, seed=0)[0])["input_ids"])
+    task = get_task(script.task)
+    if task.lengths is None:
+        return
+    prompt, positions, answer = task.lengths()
     n = config.max_completion_length
     if n is not None and prompt + n > positions:
         raise CLIError(
-            f"--max_completion_length {n}: the reverse task's prompt ({prompt} tokens) and "
+            f"--max_completion_length {n}: the {task.name} task's prompt ({prompt} tokens) and "
             f"completion need {prompt + n} positions, its model has {positions}; give at most "
             f"{positions - prompt}"
         )
-    if n is not None and n < task.length and not script.reward:
+    if n is not None and n < answer and not script.reward:
         print(
-            f"gmpo {command}: warning: --max_completion_length {n} is shorter than the reverse "
-            f"task's answer ({task.length} tokens): no completion can earn its exact-match reward",
+            f"gmpo {command}: warning: --max_completion_length {n} is shorter than the "
+            f"{task.name} task's answer ({answer} tokens): no completion can earn its "
+            "exact-match reward",
             file=sys.stderr,
         )
 

@@ -10,31 +10,16 @@ GRPOConfig's) with GRPO's loss and clip forced.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gmpo_tasks.rules import DROP, WINDOW
 from gmpo_trl.cli.checks import check_grpo_epsilon, check_inputs, check_task_lengths, check_vllm
-from gmpo_trl.cli.options import CLIError
+from gmpo_trl.cli.errors import CLIError
 from gmpo_trl.cli.parsing import Parsed
 from gmpo_trl.cli.plots import log_clip_range, plot_compare
-from gmpo_trl.cli.reports import COLLAPSE_DROP, COLLAPSE_WINDOW, FINAL_STEPS, compare_table
-from gmpo_trl.cli.runs import quiet, run
-from gmpo_trl.cli.train import ScriptArguments, interruptible, stop_if_interrupted
-
-
-@dataclass
-class CompareArguments(ScriptArguments):
-    """``gmpo compare``'s own options."""
-
-    grpo_epsilon: float = field(
-        default=0.2,
-        metadata={"help": "GRPO's clip epsilon (ratio space: 1 ± epsilon), in (0, 1)."},
-    )
-    seeds: int = field(
-        default=1,
-        metadata={"help": "Train each method on this many seeds (seed, seed + 1, ...)."},
-    )
+from gmpo_trl.cli.reports import FINAL_STEPS, JUDGED_FROM, compare_table
+from gmpo_trl.cli.runs import interruptible, quiet, run, stop_if_interrupted
 
 
 def configs(parsed: Parsed) -> tuple[Any, Any]:
@@ -62,7 +47,7 @@ def configs(parsed: Parsed) -> tuple[Any, Any]:
 def main(parsed: Parsed) -> Path:
     """``gmpo compare``: GRPO, then GMPO, on each seed; returns the output directory."""
     from gmpo_trl import GMPOTrainer
-    from gmpo_trl.compare import RangeLoggingGRPOTrainer
+    from gmpo_trl.grpo_range import RangeLoggingGRPOTrainer
 
     script = parsed.script
     grpo_config, gmpo_config = configs(parsed)
@@ -101,9 +86,9 @@ def main(parsed: Parsed) -> Path:
         "optimizer steps); log-ratio "
         "min/max: the extremes of r = logp - old_logp over the run's off-policy steps; mean "
         "step width: the mean over those steps of (max - min); mean ± sample std over seeds. "
-        f"Final (20) / peak (20): the last / largest mean of {COLLAPSE_WINDOW} consecutive "
-        f"logged rewards; collapsed: final (20) at least {COLLAPSE_DROP} below peak (20), the "
-        f"rule of docs/study.md (runs with at least {2 * COLLAPSE_WINDOW} logged rewards)."
+        f"Final (20) / peak (20): the last / largest mean of {WINDOW} consecutive "
+        f"logged rewards; collapsed: final (20) at least {DROP} below peak (20), the "
+        f"rule of docs/study.md (runs with at least {JUDGED_FROM} logged rewards)."
     )
     (base / "summary.md").write_text(f"{settings}\n\n{table}\n\n{note}\n")
     (base / "summary.json").write_text(

@@ -1,5 +1,5 @@
 """``gmpo <command> --help``: gmpo's options and the TRL options most runs set, from tables that
-need no TRL import (``gmpo_trl.fields.OPTIONS`` and :data:`~gmpo_trl.cli.options.COMMON_TRL_OPTIONS`),
+need no TRL import (``gmpo_trl.fields.GMPO_FIELDS`` and :data:`~gmpo_trl.cli.defaults.COMMON_TRL_OPTIONS`),
 so it prints in well under a second. ``--help-all`` is TRL's parser (:mod:`gmpo_trl.cli.parsing`)."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ import dataclasses
 import textwrap
 from typing import Any
 
-from gmpo_trl.cli.options import COMMAND_DEFAULTS, COMMON_TRL_OPTIONS, toy_settings
-from gmpo_trl.cli.parsing import script_arguments
-from gmpo_trl.fields import OPTIONS
+from gmpo_trl.cli.arguments import ScriptArguments
+from gmpo_trl.cli.commands import COMMANDS
+from gmpo_trl.cli.defaults import COMMAND_DEFAULTS, COMMON_TRL_OPTIONS, toy_settings
+from gmpo_trl.fields import GMPO_FIELDS
 
 
 def _fmt(value: Any) -> str:
@@ -31,12 +32,7 @@ def short_help(command: str) -> str:
         "[--OPTION VALUE ...]",
         add_help=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=textwrap.fill(
-            "Train with GMPO (TRL's GRPOTrainer, gmpo_core's loss)."
-            if command == "train"
-            else "Train GRPO (TRL, ratio clip 1 ± grpo_epsilon) and GMPO on the same task and "
-            "seeds; plot and summarize the token log-ratio range and the reward."
-        )
+        description=textwrap.fill(COMMANDS[command].description)
         + " Defaults are those of a run with --model; [toy: X] is the value used instead "
         "when no --model is given (the built-in toy run).",
     )
@@ -49,8 +45,8 @@ def short_help(command: str) -> str:
             parts.append(f"[toy: {_fmt(toy[name])}]")
         group.add_argument(f"--{name}", metavar=metavar, help=" ".join(parts))
 
-    script_cls = script_arguments(command)
-    base_names = {f.name for f in dataclasses.fields(script_arguments("train"))}
+    script_cls = COMMANDS[command].arguments
+    base_names = {f.name for f in dataclasses.fields(ScriptArguments)}
     script = parser.add_argument_group("what to train on")
     for f in dataclasses.fields(script_cls):
         if f.name in base_names:
@@ -63,7 +59,7 @@ def short_help(command: str) -> str:
         for f in own:
             add(group, f.name, "X", f.default, f.metadata["help"])
     gmpo = parser.add_argument_group("GMPO (gmpo_trl.GMPOConfig)")
-    for name, option in OPTIONS.items():
+    for name, option in GMPO_FIELDS.items():
         if not option.fixed:
             add(gmpo, name, "X", option.default, option.help)
     trl = parser.add_argument_group("training (TRL GRPOConfig, the options most runs set)")

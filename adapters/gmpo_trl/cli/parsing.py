@@ -2,7 +2,7 @@
 command's arguments and ``GMPOConfig`` (a superset of ``GRPOConfig``'s fields).
 
 What the user set (the YAML and the command line) is kept apart from the run's defaults
-(:func:`gmpo_trl.cli.options.run_defaults`), so that each config a command needs is built from
+(:func:`gmpo_trl.cli.defaults.run_defaults`), so that each config a command needs is built from
 the same values: :meth:`Parsed.config`.
 """
 
@@ -14,21 +14,12 @@ import os
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from gmpo_trl.cli.checks import check_config, check_counts
-from gmpo_trl.cli.options import CLIError, run_defaults
+from gmpo_trl.cli.checks import check_counts, check_run
+from gmpo_trl.cli.commands import COMMANDS
+from gmpo_trl.cli.defaults import run_defaults
+from gmpo_trl.cli.errors import CLIError
 
 _UNSET = object()  # the default of every option while parsing: what is not _UNSET, the user set
-
-
-def script_arguments(command: str) -> type:
-    """The command's own arguments (what to train on, and the like): a dataclass."""
-    if command == "compare":
-        from gmpo_trl.cli.compare import CompareArguments
-
-        return CompareArguments
-    from gmpo_trl.cli.train import ScriptArguments
-
-    return ScriptArguments
 
 
 @dataclass(frozen=True)
@@ -52,7 +43,7 @@ class Parsed:
             config = cls(**kwargs)
         except (ValueError, TypeError) as err:
             raise CLIError(str(err).splitlines()[0]) from err
-        check_config(config)
+        check_run(config)
         return config
 
 
@@ -66,7 +57,7 @@ def _parser(command: str) -> Any:
         def error(self, message: str) -> NoReturn:
             raise CLIError(message)
 
-    return Parser((script_arguments(command), GMPOConfig), prog=f"gmpo {command}")
+    return Parser((COMMANDS[command].arguments, GMPOConfig), prog=f"gmpo {command}")
 
 
 def full_help(command: str) -> str:
@@ -169,7 +160,7 @@ def parse(command: str, argv: list[str]) -> Parsed:
     if file_rest or rest:
         raise CLIError(f"unrecognized arguments: {' '.join([*file_rest, *rest])}")
     values = {k: v for k, v in vars(namespace).items() if v is not _UNSET}
-    script_cls = script_arguments(command)
+    script_cls = COMMANDS[command].arguments
     own = {f.name for f in dataclasses.fields(script_cls)}
     try:
         script = script_cls(**{k: v for k, v in values.items() if k in own})

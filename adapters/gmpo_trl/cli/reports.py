@@ -10,6 +10,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from gmpo_tasks.rules import WINDOW, collapse
+
 
 def has_range(row: dict[str, Any]) -> bool:
     """Whether a logged row's token log-ratio range means something: an on-policy step
@@ -37,23 +39,9 @@ def series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]
 FINAL_STEPS = 10  # "final reward": the mean of the last ten logged rewards
 
 
-#: docs/study.md's collapse rule, on the logged rewards (one per generation): a run's final and
-#: peak reward are the last and the largest mean of COLLAPSE_WINDOW consecutive logged rewards; it
-#: collapsed when the final is at least COLLAPSE_DROP below the peak. Judged only on runs with at
-#: least 2 x COLLAPSE_WINDOW logged rewards
-COLLAPSE_WINDOW, COLLAPSE_DROP = 20, 0.3
-
-
-def collapse(reward: list[float], window: int = COLLAPSE_WINDOW,
-             drop: float = COLLAPSE_DROP) -> dict[str, Any]:  # fmt: skip
-    """``{"reward_final20", "reward_peak20", "collapsed"}`` of a reward curve of at least
-    ``window`` points (docs/study.md's rule)."""
-    if len(reward) < window:
-        raise ValueError(f"collapse: {len(reward)} rewards, fewer than the window {window}")
-    means = [statistics.fmean(reward[i : i + window]) for i in range(len(reward) - window + 1)]
-    final, peak = means[-1], max(means)
-    return {"reward_final20": final, "reward_peak20": peak,
-            "collapsed": peak - final >= drop - 1e-12}  # fmt: skip
+#: a run's collapse (``gmpo_tasks.rules.collapse``, docs/study.md's rule) is judged only on
+#: runs with at least this many logged rewards (one per generation)
+JUDGED_FROM = 2 * WINDOW
 
 
 def run_summary(rows: list[dict[str, Any]], global_step: int) -> dict[str, Any]:
@@ -69,8 +57,9 @@ def run_summary(rows: list[dict[str, Any]], global_step: int) -> dict[str, Any]:
     if reward:
         out.update(reward_first=statistics.fmean(reward[:k]),
                    reward_final=statistics.fmean(reward[-k:]), reward_window=k)  # fmt: skip
-    if len(reward) >= 2 * COLLAPSE_WINDOW:
-        out.update(collapse(reward))
+    if len(reward) >= JUDGED_FROM:
+        col = collapse(reward)
+        out.update(reward_final20=col.final, reward_peak20=col.peak, collapsed=col.collapsed)
     if ranged:
         lo = [r["log_ratio/min"] for r in ranged]
         hi = [r["log_ratio/max"] for r in ranged]

@@ -1,84 +1,25 @@
 """One training run of a ``gmpo`` command: its trainer (the user's model, dataset and rewards, or
-the built-in task's), the training, and its outputs (``metrics.jsonl``, ``metrics.png``,
-``summary.json``/``summary.md``)."""
+the built-in task's: ``gmpo_tasks.registry.TASKS``), the training, and its outputs
+(``metrics.jsonl``, ``metrics.png``, ``summary.json``/``summary.md``)."""
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gmpo_tasks.registry import get_task
+from gmpo_tasks.task import Task
 from gmpo_trl.cli.callbacks import json_lines, quiet_progress_bar
 from gmpo_trl.cli.checks import check_model, load_dataset, resolve_reward
-from gmpo_trl.cli.options import CLIError
+from gmpo_trl.cli.errors import CLIError, Interrupted
 from gmpo_trl.cli.plots import log_clip_range, plot_training
 from gmpo_trl.cli.reports import read_metrics, run_summary, summary_line, summary_markdown
-
-
-@dataclass(frozen=True)
-class Task:
-    """A built-in task: what a run trains on when the user names no dataset, reward or model.
-    ``dataset(seed)`` returns the prompts (a ``datasets.Dataset``), ``reward`` is a TRL reward
-    function, ``model(seed)`` returns ``(model, tokenizer)``."""
-
-    dataset: Callable[[int], Any]
-    reward: Callable[..., list[float]]
-    model: Callable[[int], tuple[Any, Any]]
-
-
-def successor_task(heads: int = 4) -> Task:
-    """The toy run's task (``gmpo_trl.toy``): a tiny Qwen2-style model learns ``d= -> d + 1``."""
-    from gmpo_trl import toy
-
-    def model(seed: int) -> tuple[Any, Any]:
-        tokenizer = toy.char_tokenizer()
-        return toy.tiny_model(tokenizer, seed=seed, heads=heads), tokenizer
-
-    return Task(lambda seed: toy.successor_dataset(seed=seed), toy.successor_reward, model)
-
-
-#: the reverse run's supervised warm start (gmpo_trl.reverse_trl.warm_start): Adam steps of 64
-#: noisy demonstrations at this learning rate
-WARM_STEPS, WARM_LR = 400, 3e-3
-
-
-def reverse_task(heads: int = 4) -> Task:
-    """``--task reverse`` (``gmpo_trl.reverse``): reverse 16 digits, exact-match reward; the model
-    of a seed is warm-started on noisy demonstrations (the same model for every method of a
-    seed: the warm start is computed once per seed and process)."""
-    from gmpo_trl.reverse import ReverseTask
-    from gmpo_trl.reverse_trl import reverse_dataset, reverse_model, sampled_reward, warm_start
-
-    task = ReverseTask()
-    states: dict[int, tuple[dict[str, Any], float]] = {}
-
-    def model(seed: int) -> tuple[Any, Any]:
-        tokenizer, net = reverse_model(task, seed=seed, heads=heads)
-        if seed not in states:
-            losses = warm_start(net, tokenizer, task, steps=WARM_STEPS, lr=WARM_LR, seed=seed)
-            start = sampled_reward(net, tokenizer, task, seed=seed)
-            print(f"warm start (seed {seed}): {WARM_STEPS} supervised steps, loss "
-                  f"{losses[0]:.2f} -> {losses[-1]:.2f}, sampled reward {start:.3f}")  # fmt: skip
-            states[seed] = ({k: v.clone() for k, v in net.state_dict().items()}, start)
-        net.load_state_dict(states[seed][0])
-        return net, tokenizer
-
-    return Task(lambda seed: reverse_dataset(task, seed=seed), task.reward_function(), model)
-
 
 #: --use_vllm without --model: the built-in models with heads of 32 (hidden 32 and 64), the
 #: smallest head_dim vLLM's CPU attention takes (docs/vllm.md)
 VLLM_HEADS = {"successor": 1, "reverse": 2}
-
-
-@functools.cache
-def named_task(name: str, vllm: bool = False) -> Task:
-    """The built-in task of ``--task`` (one per process, so that its warm starts are shared)."""
-    heads = {"heads": VLLM_HEADS[name]} if vllm and name in VLLM_HEADS else {}
-    return reverse_task(**heads) if name == "reverse" else successor_task(**heads)
 
 
 def quiet() -> None:
@@ -96,7 +37,7 @@ def quiet() -> None:
 def build_trainer(script: Any, config: Any, trainer_cls: type, task: Task | None = None) -> Any:
     """The trainer for the parsed arguments: ``task``'s parts (``--task``'s by default) where the
     user named no model, dataset or reward."""
-    task = task or named_task(script.task, bool(config.use_vllm))
+    task = task or get_task(script.task)
     out = Path(config.output_dir)
     rewards = [resolve_reward(r) for r in script.reward] or [task.reward]
     if script.dataset is None:
@@ -107,7 +48,8 @@ def build_trainer(script: Any, config: Any, trainer_cls: type, task: Task | None
         import torch
 
         torch.set_num_threads(1)  # a tiny model: more threads only add synchronization
-        model, tokenizer = task.model(config.seed)
+        heads = VLLM_HEADS.get(task.name) if config.use_vllm else None
+        model, tokenizer = task.model(config.seed, **({} if heads is None else {"heads": heads}))
         init = out / "init-model"  # a path, so that beta's reference model can be loaded
         model.save_pretrained(init)
         model.config._name_or_path = model.name_or_path = str(init)  # (vLLM loads it from there)
@@ -159,3 +101,37 @@ def run(script: Any, config: Any, trainer_cls: type, title: str, resume: str | N
     (out / "summary.md").write_text(summary_markdown(summary, line))
     print(f"{line}; outputs in {out}")
     return Run(trainer, rows, summary)
+
+
+def interruptible(trainer_cls: type) -> type:
+    """``trainer_cls`` whose ``train()`` returns on Ctrl-C (a ``KeyboardInterrupt``) with
+    ``interrupted`` set, so that the run's metrics, plot and summary are written for the steps
+    done (:func:`stop_if_interrupted` then ends the command)."""
+
+    class Interruptible(trainer_cls):  # type: ignore[misc, valid-type]
+        interrupted = False
+
+        def train(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().train(*args, **kwargs)
+            except KeyboardInterrupt:
+                self.interrupted = True
+                for callback in self.callback_handler.callbacks:  # the progress bar's last line
+                    bar = getattr(callback, "training_bar", None)
+                    if bar is not None:
+                        bar.close()
+                        callback.training_bar = None
+                return None
+
+    Interruptible.__name__ = Interruptible.__qualname__ = trainer_cls.__name__
+    return Interruptible
+
+
+def stop_if_interrupted(done: Run, output_dir: str | Path) -> None:
+    """Raise :class:`~gmpo_trl.cli.errors.Interrupted` after a run that Ctrl-C stopped."""
+    if getattr(done.trainer, "interrupted", False):
+        state = done.trainer.state
+        raise Interrupted(
+            f"interrupted after {state.global_step} of {state.max_steps} optimizer steps; the "
+            f"summary and plot of the steps done are in {output_dir}"
+        )

@@ -6,7 +6,7 @@ function file), the CPU overrides, and a parser for the trainer's console step l
 Also a command line for ``examples/verl/smoke_test_cpu.sh``: ``python -m examples.verl.cpu.e2e
 prepare DIR | smoke-overrides | cpu-overrides | env``.
 
-The task is ``successor``'s (``gmpo_trl.toy``): the prompt is ``d=``, the answer ``d+1 mod 10``.
+The task is ``successor``'s (``gmpo_tasks.successor``): the prompt is ``d=``, the answer ``d+1 mod 10``.
 The reward is dense enough (a share of digit characters besides the exact answer) that GRPO's
 advantages are not all zero on a random model.
 """

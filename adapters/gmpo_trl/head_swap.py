@@ -1,0 +1,105 @@
+"""``GMPOConfig(gmpo_lm_head=True)``: TRL's chunked LM head replaced by :func:`gmpo_core.token_logprobs`.
+
+TRL 1.16's GRPOTrainer scores completions through a patched model forward that calls
+``trl.trainer.utils._ChunkedLogProbFunction.apply(hidden, weight, bias, labels, temperature,
+chunk_size, final_logit_softcapping, logit_scale, outputs)``. :func:`lm_head_swapped` puts
+:class:`TokenLogProbHead` in that place for the duration of a call: same arguments, same five
+outputs, log-probs and entropies from ``gmpo_core`` (chunks over tokens, a recomputing backward,
+never the (N, V) logits). What ``gmpo_core`` does not compute (a logit soft-cap, or the extra
+fields ``log_sum_sq_probs``, ``mean_logits``, ``is_top1``) goes to TRL's own head unchanged, and
+a warning says so once per reason and process.
+
+Older TRLs (1.10 to 1.14) score GRPO's completions with the full logits by default, and their
+``_ChunkedLogProbFunction`` has another interface (no bias, no ``outputs``, two outputs): there
+nothing is swapped, and a scoring pass that ran without the head gmpo_core stands in for warns
+once that TRL's head scored the tokens (never a silent no-op).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+from importlib.metadata import version
+from typing import Any, ClassVar
+
+import trl.trainer.utils as trl_utils
+from torch import Tensor
+
+from gmpo_core import token_logprobs
+from gmpo_trl.compat import chunked_head_unsupported
+
+_OURS = {"log_probs", "entropy"}
+
+
+class TokenLogProbHead:
+    """Stands where TRL's ``ChunkedLogProbFunction`` stands, with its ``apply`` signature."""
+
+    fallback: Any = None  # TRL's class, set by lm_head_swapped
+    warned: ClassVar[set[str]] = set()  # fallback reasons already reported
+    calls: ClassVar[int] = 0  # calls of apply, ours or the fallback
+
+    @classmethod
+    def warn_once(cls, reason: str, message: str) -> None:
+        if reason not in cls.warned:
+            cls.warned.add(reason)
+            warnings.warn(message, stacklevel=3)
+
+    @classmethod
+    def apply(
+        cls, hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor,
+        temperature: float, chunk_size: int, softcap: float | None, logit_scale: float,
+        outputs: tuple[str, ...],
+    ) -> tuple[Tensor | None, ...]:  # fmt: skip
+        cls.calls += 1
+        if softcap is not None or not set(outputs) <= _OURS:
+            reason = (
+                f"a logit soft-cap ({softcap})"
+                if softcap is not None
+                else f"outputs {sorted(set(outputs) - _OURS)}"
+            )
+            cls.warn_once(
+                reason,
+                f"gmpo_lm_head: gmpo_core.token_logprobs does not compute {reason}; "
+                "TRL's LM head scores these tokens",
+            )
+            return cls.fallback.apply(  # type: ignore[no-any-return]
+                hidden, weight, bias, labels, temperature, chunk_size, softcap, logit_scale,
+                outputs,
+            )  # fmt: skip
+        # chunk_size is TRL's (vocabulary columns); gmpo_core chunks tokens, with its own default
+        logps, entropies = token_logprobs(
+            hidden, weight, labels, bias=bias, temperature=temperature, logit_scale=logit_scale,
+            compute_entropy="entropy" in outputs,
+        )  # fmt: skip
+        return logps, entropies, None, None, None
+
+
+@contextlib.contextmanager
+def lm_head_swapped() -> Iterator[None]:
+    """Within the block, TRL's patched forward scores tokens with :class:`TokenLogProbHead`.
+    A block that scored nothing through it (a TRL whose chunked head has another interface, or
+    whose scoring pass computes the full logits) warns once that TRL's head was used."""
+    reason = chunked_head_unsupported()
+    if reason is not None:
+        yield
+        _used_trls_head(reason)
+        return
+    original = trl_utils._ChunkedLogProbFunction
+    TokenLogProbHead.fallback = original
+    trl_utils._ChunkedLogProbFunction = TokenLogProbHead
+    before = TokenLogProbHead.calls
+    try:
+        yield
+    finally:
+        trl_utils._ChunkedLogProbFunction = original
+    if TokenLogProbHead.calls == before:
+        _used_trls_head("this scoring pass does not call its chunked head")
+
+
+def _used_trls_head(reason: str) -> None:
+    TokenLogProbHead.warn_once(
+        reason,
+        f"gmpo_lm_head=True has no effect with trl {version('trl')}: {reason}; TRL's LM head "
+        "scores the tokens (gmpo_core's head replaces the chunked head of trl >= 1.16)",
+    )

@@ -1,0 +1,106 @@
+"""The supervised warm start: the one loop and its settings, for any model.
+
+A task with a warm start (``gmpo_tasks.reverse``) provides noisy demonstrations
+(``task.demonstrations(n, seed=...)``: (prompt, completion) pairs); :func:`warm_start` takes
+:data:`WARM`'s Adam steps on fresh ones, with the loss a model computes on a batch of them
+(``batch_loss``: the mean negative log-likelihood of the completion tokens). The plain-torch
+study (``studies/stability``) and TRL's trainers (:func:`warm_start_hf`, a transformers causal
+LM with a character tokenizer) share it, and its settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class Demonstrating(Protocol):
+    """A task with demonstrations (``gmpo_tasks.reverse.ReverseTask``)."""
+
+    length: int
+
+    def demonstrations(self, n: int, *, seed: int | str) -> list[tuple[str, str]]: ...
+
+    def prompts(self, n: int, *, seed: int | str) -> list[str]: ...
+
+    def reward(self, prompts: Sequence[str], completions: Sequence[str]) -> list[float]: ...
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """``steps`` Adam steps at learning rate ``lr`` on ``batch`` fresh demonstrations each."""
+
+    steps: int = 400
+    batch: int = 64
+    lr: float = 3e-3
+
+
+#: the warm start of docs/study.md (the study and ``gmpo train --task reverse``)
+WARM = WarmStart()
+
+
+def warm_start(
+    params: Iterable[Any],
+    batch_loss: Callable[[list[tuple[str, str]]], Any],
+    task: Demonstrating,
+    seed: int,
+    settings: WarmStart = WARM,
+) -> list[float]:
+    """Train ``params`` in place: ``settings.steps`` Adam steps, each on the loss of
+    ``settings.batch`` fresh demonstrations (those of ``(seed, step)``); the losses."""
+    import torch
+
+    torch.manual_seed(seed)
+    opt = torch.optim.Adam(params, lr=settings.lr)
+    losses = []
+    for step in range(settings.steps):
+        loss = batch_loss(task.demonstrations(settings.batch, seed=f"{seed}:{step}"))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def _ids(tokenizer: Any, texts: list[str]) -> Any:
+    return tokenizer(texts, return_tensors="pt", add_special_tokens=False)["input_ids"]
+
+
+def warm_start_hf(
+    model: Any, tokenizer: Any, task: Demonstrating, *, seed: int = 0, settings: WarmStart = WARM
+) -> list[float]:
+    """:func:`warm_start` of a transformers causal LM (the loss on the completion tokens only)."""
+    model.train()
+
+    def batch_loss(demos: list[tuple[str, str]]) -> Any:
+        ids = _ids(tokenizer, [p + c for p, c in demos])  # (batch, 2L + 1): no padding
+        labels = ids.clone()
+        labels[:, : task.length + 1] = -100  # the prompt and '=' are not learned
+        return model(input_ids=ids, labels=labels).loss
+
+    return warm_start(model.parameters(), batch_loss, task, seed, settings)
+
+
+def sampled_reward(model: Any, tokenizer: Any, task: Demonstrating, *, n: int = 256,
+                   seed: int = 0) -> float:  # fmt: skip
+    """Mean reward of ``n`` completions of a transformers model, sampled at temperature 1 on
+    held-out prompts."""
+    import torch
+
+    prompts = task.prompts(n, seed=f"eval:{seed}")
+    torch.manual_seed(seed)
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(
+            _ids(tokenizer, prompts),
+            attention_mask=None,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=task.length,
+            min_new_tokens=task.length,
+        )
+    completions = tokenizer.batch_decode(out[:, task.length + 1 :], skip_special_tokens=True)
+    return sum(task.reward(prompts, completions)) / n

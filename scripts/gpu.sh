@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# One prepared script for a CUDA machine, at most 5 minutes on one GPU. The machine we are lent
+# (one H200, Python 3.12, torch 2.11, Triton, transformers 5.17) has no trl, verl or vLLM; this
+# needs none of them. Steps, each under its own time limit:
+#
+#   1. the gpu-marked tests (tests/core/devices/test_gpu.py): the core on CUDA against the float64 reference,
+#      under torch.cuda.set_sync_debug_mode("error") (no host-device synchronization), with KL,
+#      token and row weights, dual clip and packed input (cu_seqlens), both paths, fp32 and bf16;
+#   2. the device-generic core tests (tests/core/test_properties.py, plain path) with
+#      GMPO_TEST_DEVICE=cuda: every property computed on CUDA tensors;
+#   3. the loss benchmark: gmpo plain and compiled, TRL's and verl's GMPO (both transcribed in
+#      benchmarks/_hosts.py) -> results/figures-bench/loss_cuda_fp32.{md,json};
+#   4. the LM-head benchmark -> results/figures-lm-head/lm_head_cuda.{md,json};
+#   and the whole log -> results/gpu/gpu_cuda.log.
+#
+#   bash scripts/gpu.sh                       # on a GPU machine
+#   GMPO_GPU_DRY_RUN=1 bash scripts/gpu.sh    # CI: the same steps on the CPU at tiny sizes,
+#                                                # the compiled path left out, nothing written
+#
+# Needs: python with torch, numpy, pytest and hypothesis, and this checkout (put on PYTHONPATH
+# here). PYTHON selects the interpreter (default: python, else python3). Exit status: 0 when every
+# step passed, 1 when a step failed or ran out of time, 2 when it could not start.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD:$PWD/adapters${PYTHONPATH:+:$PYTHONPATH}"
+PY=${PYTHON:-$(command -v python || command -v python3)}
+DRY=${GMPO_GPU_DRY_RUN:-0}
+[ "$DRY" = "" ] && DRY=0
+start=$(date +%s)
+
+missing=$($PY -c "
+import importlib.util as u
+print(' '.join(m for m in ('torch', 'numpy', 'pytest', 'hypothesis') if u.find_spec(m) is None))")
+if [ -n "$missing" ]; then
+  echo "missing Python modules: $missing (install them, or carry their wheels in)" >&2
+  exit 2
+fi
+
+if [ "$DRY" != 0 ]; then
+  export GMPO_GPU_DRY_RUN=1
+  DEVICE=cpu
+  SELECT="not compiled"  # compiling on the CPU takes minutes; CI's other steps cover that path
+  export HYPOTHESIS_PROFILE=smoke  # a few examples a property
+  LOSS=(--quick --shapes 2x16,8x64 --impls "gmpo plain,TRL,verl" --no-write)
+  LM_HEAD=(--quick --paths gmpo)
+  LIMITS=(60 60 60 60)  # seconds per step
+else
+  if ! $PY -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
+    echo "no CUDA device: GMPO_GPU_DRY_RUN=1 bash scripts/gpu.sh is the CPU dry run" >&2
+    exit 2
+  fi
+  DEVICE=cuda
+  SELECT=""
+  LOSS=(--shapes 64x2048,256x4096,512x8192,1024x16384
+        --impls "gmpo plain,gmpo compiled,TRL,verl" --tag cuda_fp32)
+  LM_HEAD=(--tokens 1024,4096 --repeats 1 --sweep-repeats 1 --tag cuda)
+  LIMITS=(100 55 55 55)  # 265 s, and the start: within five minutes
+  mkdir -p results/gpu
+  exec > >(tee results/gpu/gpu_cuda.log) 2>&1
+fi
+export GMPO_TEST_DEVICE=$DEVICE
+
+status=0
+summary=()
+step() {  # step NAME LIMIT_S COMMAND...: run, time, record
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name (limit ${limit} s)"
+  local t0 rc
+  t0=$(date +%s)
+  timeout "$limit" "$@"
+  rc=$?
+  local took=$(( $(date +%s) - t0 ))
+  if [ $rc -eq 0 ]; then
+    summary+=("ok      ${took} s  $name")
+  else
+    status=1
+    [ $rc -eq 124 ] && summary+=("TIMEOUT ${took} s  $name") || summary+=("FAILED  ${took} s  $name (rc $rc)")
+  fi
+}
+
+echo "== environment (device $DEVICE, dry run $DRY)"
+$PY - <<'PY' || exit 2
+import platform, datetime, torch
+print("date", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda)
+try:
+    import triton
+    print("triton", triton.__version__)
+except ImportError:
+    print("triton not installed")
+print("gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "NONE")
+PY
+
+step "gpu tests (sync-debug check: padded, packed, KL, weights, dual clip)" "${LIMITS[0]}" \
+  $PY -m pytest -q -p no:cacheprovider -m gpu tests/core/devices/test_gpu.py ${SELECT:+-k "$SELECT"}
+step "device-generic core tests on $DEVICE (plain path)" "${LIMITS[1]}" \
+  $PY -m pytest -q -p no:cacheprovider tests/core/test_properties.py -k "not compiled"
+step "loss benchmark (float32)" "${LIMITS[2]}" \
+  $PY benchmarks/bench_loss.py --device "$DEVICE" "${LOSS[@]}"
+step "LM-head benchmark" "${LIMITS[3]}" \
+  $PY benchmarks/bench_lm_head.py --device "$DEVICE" "${LM_HEAD[@]}"
+
+echo "== summary (device $DEVICE, dry run $DRY): $(( $(date +%s) - start )) s in all"
+printf '  %s\n' "${summary[@]}"
+exit $status

@@ -1,0 +1,194 @@
+"""studies/stability: the group advantages, determinism of the warm start and the runs, and the
+schema of a ``--quick`` run's summary.json (the rules: tests/tasks/test_rules.py; the methods:
+tests/tasks/test_variants.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from gmpo_tasks.variants import gmpo_method
+from studies.stability import __main__ as stability
+from studies.stability.methods import METHODS, Method
+from studies.stability.run import Setup, group_advantages, rl_run, warm_start
+
+ROOT = Path(__file__).resolve().parents[2]
+
+RECORD_KEYS = {
+    "method": str, "lr": float, "seed": int, "grad_clip": (float, type(None)),
+    "final_reward": float, "peak_reward": float, "collapsed": bool, "max_grad_norm": float,
+    "log_ratio_min": float, "log_ratio_max": float, "entropy_end": float, "cpu_s": float,
+}  # fmt: skip
+
+
+def test_group_advantages() -> None:
+    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]), 4)
+    # group 1: mean 0.25, unbiased std 0.5 -> (0.75 / 0.5001, -0.25 / 0.5001); group 2 all 0
+    assert adv[:4].tolist() == pytest.approx([0.75 / 0.5001] + [-0.25 / 0.5001] * 3)
+    assert adv[4:].tolist() == [0.0] * 4
+
+
+TINY = Setup(length=2, warm_steps=40, warm_batch=32, prompts=2, group=4, minibatches=2, steps=3)
+
+
+def test_warm_start_and_runs_are_deterministic() -> None:
+    torch.set_num_threads(1)
+    a, b = warm_start(TINY, 0), warm_start(TINY, 0)
+    assert all(torch.equal(a["state"][k], b["state"][k]) for k in a["state"])
+    assert a["reward"] == b["reward"]
+    other = warm_start(TINY, 1)
+    assert not torch.equal(a["state"]["tok.weight"], other["state"]["tok.weight"])
+    run = rl_run(TINY, a, "gmpo", 5e-3, 1.0, 0)
+    assert run == rl_run(TINY, a, "gmpo", 5e-3, 1.0, 0)
+    assert len(run["reward"]) == 3 and all(np.isfinite(v) for v in run["grad_norm"])
+    # some group has mixed rewards, so the policy moves off the sampling policy, and another
+    # method moves it differently from the same start
+    assert 0 < max(run["reward"]) and max(run["log_ratio_max"]) > 1e-3
+    assert run["log_ratio_max"] != rl_run(TINY, a, "grpo", 5e-3, 1.0, 0)["log_ratio_max"]
+
+
+def test_quick_run_writes_the_summary_schema(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'adapters'}"}
+    cmd = [sys.executable, "-m", "studies.stability", "--quick", "--out", str(tmp_path)]
+    subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=300, cwd=ROOT)
+    records = json.loads((tmp_path / "summary.json").read_text())
+    assert {(r["method"], r["seed"]) for r in records} == {
+        (m, s) for m in ("grpo", "gmpo") for s in (0, 1)
+    }
+    for r in records:
+        for key, kind in RECORD_KEYS.items():
+            assert isinstance(r[key], kind), (key, r[key])
+        assert r["log_ratio_min"] <= 0 <= r["log_ratio_max"] and r["cpu_s"] > 0
+        assert r["peak_reward"] >= r["final_reward"]
+        assert r["collapsed"] == (r["peak_reward"] - r["final_reward"] >= 0.3 - 1e-12)
+    md = (tmp_path / "summary.md").read_text()
+    for heading in ("## Collapsed runs", "## Sign tests", "one-sided p", "## Cost"):
+        assert heading in md
+    assert (tmp_path / "stability.png").stat().st_size > 10_000
+    assert len((tmp_path / "curves.jsonl").read_text().splitlines()) == 4
+    # a subset reruns from the cache: the same numbers, nothing recomputed
+    sub = subprocess.run([*cmd, "--methods", "gmpo", "--seeds", "1"], check=True, env=env,
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
+    again = json.loads((tmp_path / "summary.json").read_text())
+    assert again == [r for r in records if (r["method"], r["seed"]) == ("gmpo", 1)]
+    assert "0 s CPU computed" in sub.stdout
+
+
+# Regression, defect 13 of issue 25: duplicates were run once and counted many times, option
+# errors were tracebacks (or argparse's usage block), and --steps 0 failed after the warm start.
+REFUSED = {  # id: (arguments, the option the refusal names)
+    "duplicates": (["--seeds", "0,0", "--methods", "gmpo,gmpo"], "--methods"),
+    "duplicate seed": (["--seeds", "1,0,1"], "--seeds"),
+    "duplicate method": (["--methods", "gmpo,grpo,gmpo"], "--methods"),
+    "duplicate lr": (["--lr", "5e-3,0.005"], "--lr"),
+    "duplicate clip": (["--grad-clip", "none,None"], "--grad-clip"),
+    "steps 0": (["--steps", "0"], "--steps"),
+    "steps abc": (["--steps", "abc"], "--steps"),
+    "clip 0": (["--grad-clip", "0"], "--grad-clip"),
+    "clip -1": (["--grad-clip", "-1"], "--grad-clip"),
+    "clip nan": (["--grad-clip", "nan"], "--grad-clip"),
+    "workers 0": (["--workers", "0"], "--workers"),
+    "lr abc": (["--lr", "abc"], "--lr"),
+    "lr 0": (["--lr", "0"], "--lr"),
+    "lr empty item": (["--lr", "5e-3,"], "--lr"),
+    "seeds abc": (["--seeds", "0,x"], "--seeds"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "option"), REFUSED.values(), ids=REFUSED.keys())
+def test_cli_refusals_are_one_line_exit_2_before_the_warm_start(
+    argv: list[str], option: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    def ran(*args: Any) -> None:
+        raise AssertionError(f"{argv} reached the sweep")
+
+    monkeypatch.setattr(stability, "sweep", ran)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exc:
+        stability.main([*argv, "--quick", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("python -m studies.stability: error: ") and option in err, err
+    assert not out.exists()
+
+
+class _Inline:
+    """A ProcessPoolExecutor that runs every job at once in this process."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __enter__(self) -> _Inline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def map(self, fn: Any, *iterables: Any) -> list[Any]:
+        return list(map(fn, *iterables))
+
+    def submit(self, fn: Any, *args: Any) -> Future:
+        fut: Future = Future()
+        fut.set_result(fn(*args))
+        return fut
+
+
+@pytest.fixture
+def fake_sweep(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, float]]:
+    """stability.sweep without workers and with stand-in jobs: a run's reward curve is its
+    learning rate; returns the (method, lr) of every run computed."""
+    computed: list[tuple[str, float]] = []
+
+    def warm_job(setup: dict, seed: int, path: str) -> dict:
+        return {"reward": 0.5, "entropy": 1.0, "cpu_s": 0.0}
+
+    def run_job(setup: dict, method: str, lr: float, clip: Any, seed: int, warm: str) -> dict:
+        computed.append((method, lr))
+        return {"curves": {"reward": [lr]}, "cpu_s": 0.0}
+
+    monkeypatch.setattr(stability, "ProcessPoolExecutor", _Inline)
+    monkeypatch.setattr(stability, "warm_job", warm_job)
+    monkeypatch.setattr(stability, "run_job", run_job)
+    return computed
+
+
+LR2 = 1.000000001e-3  # equal to 1e-3 in 6 significant digits
+
+
+# Regression, defect 13 of issue 25: run files were named with :g, so learning rates that
+# differ past 6 significant digits shared one (the second run overwrote the first).
+def test_learning_rates_that_differ_past_6_digits_are_two_runs(
+    tmp_path: Path, fake_sweep: list[tuple[str, float]]
+) -> None:
+    args = stability.parse(["--methods", "gmpo", "--lr", f"1e-3,{LR2!r}", "--grad-clip", "none",
+                            "--seeds", "0", "--out", str(tmp_path)])  # fmt: skip
+    runs, _, _ = stability.sweep(args, Setup(steps=1))
+    assert [res["curves"]["reward"] for _, res in runs] == [[1e-3], [LR2]]
+    assert sorted(fake_sweep) == [("gmpo", 1e-3), ("gmpo", LR2)]
+
+
+# Regression, defect 13 of issue 25: the run cache was keyed by the method's name, so a rerun
+# after a change to a method returned the old method's runs.
+def test_a_method_changed_under_its_name_is_recomputed(
+    tmp_path: Path, fake_sweep: list[tuple[str, float]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = stability.parse(["--methods", "grpo,gmpo", "--lr", "1e-3", "--grad-clip", "none",
+                            "--seeds", "0", "--out", str(tmp_path)])  # fmt: skip
+    stability.sweep(args, Setup(steps=1))
+    assert sorted(fake_sweep) == [("gmpo", 1e-3), ("grpo", 1e-3)]
+    fake_sweep.clear()
+    stability.sweep(args, Setup(steps=1))
+    assert fake_sweep == []  # unchanged: every run from the cache
+    narrow = Method("GMPO, +-0.3", lambda lp, old, a, m: gmpo_method(lp, old, a, m, epsilon=0.3))
+    monkeypatch.setitem(METHODS, "gmpo", narrow)
+    stability.sweep(args, Setup(steps=1))
+    assert fake_sweep == [("gmpo", 1e-3)]  # the changed method only
