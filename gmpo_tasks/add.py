@@ -1,0 +1,105 @@
+"""A multi-token verifiable task whose answer is not a copy of the prompt: add two numbers.
+
+The prompt is two numbers of ``L`` random digits each (leading zeros allowed), ``"a+b="``; the
+completion is correct when its first ``L + 1`` characters are the digits of ``a + b``, zero-padded
+to ``L + 1`` digits and written least significant first (so that the carry into each digit comes
+from digits already written). Exact match gives reward 1.0, anything else 0.0. No answer token is
+a prompt token at a fixed offset: each is a function of two prompt digits and the carry from the
+digits before it.
+
+Its supervised warm start is :mod:`gmpo_tasks.reverse`'s: noisy demonstrations (each target digit
+replaced, with probability ``noise``, by a uniformly drawn digit) and the same loop
+(``gmpo_tasks.warm_start``). Its settings, :data:`WARM` and :data:`NOISE`, were fixed by the
+calibration rule of docs/study_plan.md on the calibration seeds only (``python -m
+studies.stability.calibrate``; results/study-confirm/calibration.md).
+
+Strings and the standard library only: the plain-torch study (``studies/stability``) reads it
+with ``gmpo_tasks.chars.VOCAB``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gmpo_tasks.chars import DIGITS, PLUS, SEP
+from gmpo_tasks.warm_start import WarmStart
+
+#: the study's setting of the task: 8-digit numbers, a 9-digit answer
+LENGTH = 8
+#: the warm start's noise and settings, from the calibration (docs/study_plan.md's rule)
+NOISE = 0.1
+WARM = WarmStart(steps=400)
+
+
+def target(prompt: str) -> str:
+    """The right completion of ``"a+b="``: the ``len(a) + 1`` digits of ``a + b``, least
+    significant first."""
+    a, b = prompt.rstrip(SEP).split(PLUS)
+    return str(int(a) + int(b)).zfill(len(a) + 1)[::-1]
+
+
+def reward(prompts: Sequence[str], completions: Sequence[str], **_: Any) -> list[float]:
+    """Per completion: 1.0 when its first ``L + 1`` characters are the prompt's sum (least
+    significant digit first), else 0.0. TRL's reward-function signature."""
+    out = []
+    for prompt, completion in zip(prompts, completions, strict=True):
+        want = target(prompt)
+        out.append(1.0 if completion[: len(want)] == want else 0.0)
+    return out
+
+
+@dataclass(frozen=True)
+class AddTask:
+    """The task's settings; each method is a pure function of its arguments and ``seed``.
+
+    ``length``: digits per number (L; the answer has L + 1). ``noise``: the probability that a
+    demonstration's target digit is replaced by a uniformly drawn digit."""
+
+    length: int = LENGTH
+    noise: float = NOISE
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.length, int) and self.length >= 1):
+            raise ValueError(f"length must be an integer >= 1, got {self.length!r}")
+        if not 0.0 <= self.noise <= 1.0:
+            raise ValueError(f"noise must be in [0, 1], got {self.noise!r}")
+
+    @property
+    def prompt_length(self) -> int:
+        """Tokens of a prompt: two numbers, ``+`` and ``=``."""
+        return 2 * self.length + 2
+
+    @property
+    def answer_length(self) -> int:
+        """Tokens of the answer: the sum's ``L + 1`` digits."""
+        return self.length + 1
+
+    def prompts(self, n: int, *, seed: int | str) -> list[str]:
+        """``n`` prompts ``"a+b="`` with uniform digits, the same for the same ``seed``."""
+        rng = random.Random(f"add-prompts:{self.length}:{seed}")
+        out = []
+        for _ in range(n):
+            a, b = ("".join(rng.choices(DIGITS, k=self.length)) for _ in range(2))
+            out.append(a + PLUS + b + SEP)
+        return out
+
+    def reward(self, prompts: Sequence[str], completions: Sequence[str], **kw: Any) -> list[float]:
+        """:func:`reward` (TRL's signature)."""
+        return reward(prompts, completions, **kw)
+
+    def demonstrations(self, n: int, *, seed: int | str) -> list[tuple[str, str]]:
+        """``n`` (prompt, noisy completion) pairs for the supervised warm start: each target digit
+        replaced with probability ``noise`` by a uniform digit. The same for the same ``seed``."""
+        rng = random.Random(f"add-demos:{self.length}:{self.noise}:{seed}")
+        out = []
+        for prompt in self.prompts(n, seed=f"demo:{seed}"):
+            noisy = [rng.choice(DIGITS) if rng.random() < self.noise else c for c in target(prompt)]
+            out.append((prompt, "".join(noisy)))
+        return out
+
+    def expected_warm_reward(self) -> float:
+        """Exact-match reward of a policy that matches the demonstrations' distribution."""
+        return (1.0 - self.noise + self.noise / len(DIGITS)) ** self.answer_length
