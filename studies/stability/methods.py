@@ -1,5 +1,6 @@
 """The stability study's methods: :data:`METHODS`, the loss variants of
-:mod:`gmpo_tasks.variants` by name (``--methods`` takes these names), and the
+:mod:`gmpo_tasks.variants` by name (``--methods`` takes these names, or ``module:function`` for
+a method defined elsewhere: :func:`resolve`), and the
 :func:`fingerprint` of each method's definition, under which its runs are cached (after a change
 to a method, a rerun recomputes its runs). To study a variant, add it to
 ``gmpo_tasks.variants.METHODS`` (docs/contributing.md)."""
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import inspect
 import sys
 import types
@@ -15,7 +17,7 @@ from typing import Any
 
 from gmpo_tasks.variants import METHODS, Method
 
-__all__ = ["METHODS", "Method", "fingerprint"]
+__all__ = ["METHODS", "Method", "fingerprint", "resolve"]
 
 
 _PLAIN = (int, float, complex, str, bytes, bool, type(None))
@@ -67,10 +69,31 @@ def _names(code: types.CodeType) -> list[str]:
     return [*code.co_names, *(n for c in nested for n in _names(c))]
 
 
+def resolve(name: str) -> Method:
+    """The method called ``name``: an entry of :data:`METHODS`, or ``module:function`` (an
+    importable module's :class:`Method`, or its function with a method's signature
+    ``(logp, old_logp, advantages, mask) -> (loss, clipped fraction)``: no token clip bounds,
+    so its clipped fraction by side is NaN). A ValueError says what is wrong."""
+    if name in METHODS:
+        return METHODS[name]
+    module, sep, attr = name.partition(":")
+    if not sep:
+        raise ValueError(f"unknown method {name!r}: choose from {list(METHODS)} or module:function")
+    try:
+        obj = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"method {name!r}: {err}") from err
+    if isinstance(obj, Method):
+        return obj
+    if not callable(obj):
+        raise ValueError(f"method {name!r} is neither a Method nor a function")
+    return Method(name, obj)
+
+
 def fingerprint(name: str) -> str:
-    """sha256 of the definition of ``METHODS[name]``'s loss: its source, its parameters
+    """sha256 of the definition of ``resolve(name)``'s loss: its source, its parameters
     (defaults, closure, ``functools.partial`` arguments) and every function and constant it
     reads, recursively (not the label, which changes no run). The same in every process."""
     out: list[str] = []
-    _describe(METHODS[name].loss, set(), out)
+    _describe(resolve(name).loss, set(), out)
     return hashlib.sha256("\0".join(out).encode()).hexdigest()
