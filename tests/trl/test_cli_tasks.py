@@ -184,3 +184,27 @@ def test_completion_shorter_than_the_answer_warns_before_the_warm_start(tmp_path
         "gmpo train: warning: --max_completion_length 8 is shorter than the reverse task's answer "
         "(16 tokens): no completion can earn its exact-match reward"
     ]
+
+
+class _Built:
+    """A trainer class that keeps the model ``build_trainer`` gives it (no training, no vLLM)."""
+
+    def __init__(self, model, **_):
+        self.model = model
+        self.callback_handler = type("Handler", (), {"callbacks": []})()
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+@pytest.mark.parametrize("use_vllm", [False, True])
+def test_use_vllm_builds_the_task_model_with_heads_vllm_takes(
+    tmp_path, short_warm_start, name, use_vllm
+):
+    """``--use_vllm`` without ``--model``: the built-in model with ``runs.VLLM_HEADS`` heads, each
+    of 32 (the smallest head_dim vLLM's CPU attention takes); without it, 4 heads."""
+    script = type("Script", (), {"task": name, "reward": [], "dataset": None, "model": None})()
+    config = type("Config", (), {"output_dir": str(tmp_path), "seed": 0, "use_vllm": use_vllm})()
+    model = runs.build_trainer(script, config, _Built).model
+    heads = model.config.num_attention_heads
+    assert heads == (runs.VLLM_HEADS[name] if use_vllm else 4)
+    if use_vllm:
+        assert model.config.hidden_size // heads == 32

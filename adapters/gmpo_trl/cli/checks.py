@@ -290,3 +290,16 @@ def check_resume(value: str | None, output_dir: str) -> str | None:
         raise CLIError(f"--resume_from_checkpoint {value!r}: not a checkpoint (no "
                        f"trainer_state.json); {_RESUME_ACCEPTED}")  # fmt: skip
     return str(path)
+
+
+def check_vllm(script: Any, config: Any) -> None:
+    """``--use_vllm``: what vLLM needs (:func:`gmpo_trl.vllm_cpu.check_vllm`: installed, the mode,
+    the model's path and head_dim), before any model or engine is built."""
+    if not config.use_vllm:
+        return
+    from gmpo_trl import vllm_cpu
+
+    try:
+        vllm_cpu.check_vllm(script.model, config)
+    except ValueError as err:
+        raise CLIError(str(err)) from err

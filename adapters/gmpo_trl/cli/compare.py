@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gmpo_tasks.rules import DROP, WINDOW
-from gmpo_trl.cli.checks import check_grpo_epsilon, check_inputs, check_task_lengths
+from gmpo_trl.cli.checks import check_grpo_epsilon, check_inputs, check_task_lengths, check_vllm
 from gmpo_trl.cli.errors import CLIError
 from gmpo_trl.cli.parsing import Parsed
 from gmpo_trl.cli.plots import log_clip_range, plot_compare
@@ -39,6 +39,7 @@ def configs(parsed: Parsed) -> tuple[Any, Any]:
     epsilon = check_grpo_epsilon(parsed.script.grpo_epsilon)
     check_inputs(parsed.script)
     check_task_lengths(parsed.script, gmpo, "compare")
+    check_vllm(parsed.script, gmpo)
     grpo = parsed.config(GRPOConfig, loss_type="grpo", epsilon=epsilon, epsilon_high=None)
     return grpo, gmpo
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gmpo_trl.cli.checks import check_inputs, check_resume, check_task_lengths
+from gmpo_trl.cli.checks import check_inputs, check_resume, check_task_lengths, check_vllm
 from gmpo_trl.cli.parsing import Parsed
 from gmpo_trl.cli.runs import interruptible, quiet, run, stop_if_interrupted
 
@@ -17,6 +17,7 @@ def main(parsed: Parsed) -> Path:
     check_inputs(parsed.script)
     check_task_lengths(parsed.script, config, "train")
     resume = check_resume(config.resume_from_checkpoint, config.output_dir)
+    check_vllm(parsed.script, config)
     quiet()
     done = run(parsed.script, config, interruptible(GMPOTrainer), "gmpo train", resume=resume)
     stop_if_interrupted(done, config.output_dir)  # no final model: it is not the run asked for

