@@ -1,11 +1,16 @@
 """A multi-token verifiable task whose answer is not a copy of the prompt: add two numbers.
 
-The prompt is two numbers of ``L`` random digits each (leading zeros allowed), ``"a+b="``; the
-completion is correct when its first ``L + 1`` characters are the digits of ``a + b``, zero-padded
-to ``L + 1`` digits and written least significant first (so that the carry into each digit comes
-from digits already written). Exact match gives reward 1.0, anything else 0.0. No answer token is
-a prompt token at a fixed offset: each is a function of two prompt digits and the carry from the
-digits before it.
+The prompt is two numbers of ``L`` random digits each (leading zeros allowed), ``"a+b="``, each
+written least significant digit first; the completion is correct when its first ``L + 1``
+characters are the digits of ``a + b``, zero-padded to ``L + 1`` digits and written least
+significant first too (so that the carry into each digit comes from digits already written).
+Exact match gives reward 1.0, anything else 0.0. No answer token is a prompt token at a fixed
+offset: each is a function of two prompt digits and the carry from the digits before it.
+
+(docs/study_plan.md first wrote the numbers most significant digit first. With that prompt no
+calibration setting reached the plan's clean reward of 0.9 on every calibration seed, at 8, 6
+or 4 digits; the plan's amendment, committed before any confirmatory run, writes the operands
+in the answer's order, so that the digits a sum digit depends on sit at fixed offsets from it.)
 
 Its supervised warm start is :mod:`gmpo_tasks.reverse`'s: noisy demonstrations (each target digit
 replaced, with probability ``noise``, by a uniformly drawn digit) and the same loop
@@ -35,10 +40,10 @@ WARM = WarmStart(steps=400)
 
 
 def target(prompt: str) -> str:
-    """The right completion of ``"a+b="``: the ``len(a) + 1`` digits of ``a + b``, least
-    significant first."""
+    """The right completion of ``"a+b="`` (``a`` and ``b`` least significant digit first): the
+    ``len(a) + 1`` digits of the sum, least significant first."""
     a, b = prompt.rstrip(SEP).split(PLUS)
-    return str(int(a) + int(b)).zfill(len(a) + 1)[::-1]
+    return str(int(a[::-1]) + int(b[::-1])).zfill(len(a) + 1)[::-1]
 
 
 def reward(prompts: Sequence[str], completions: Sequence[str], **_: Any) -> list[float]:
@@ -78,7 +83,8 @@ class AddTask:
         return self.length + 1
 
     def prompts(self, n: int, *, seed: int | str) -> list[str]:
-        """``n`` prompts ``"a+b="`` with uniform digits, the same for the same ``seed``."""
+        """``n`` prompts ``"a+b="`` with uniform digits, the same for the same ``seed`` (uniform
+        digits read in either order are uniform numbers)."""
         rng = random.Random(f"add-prompts:{self.length}:{seed}")
         out = []
         for _ in range(n):

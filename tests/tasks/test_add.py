@@ -13,13 +13,14 @@ from gmpo_tasks.chars import decode, encode
 
 
 def test_target_is_the_sum_least_significant_digit_first() -> None:
-    assert add.target("00000001+00000009=") == "010000000"  # 10, a carry into the second digit
-    assert add.target("99999999+00000001=") == "000000001"  # 100000000: a carry through all 8
-    assert add.target("12+34=") == "640"
+    # the operands are written least significant digit first, as the answer
+    assert add.target("10000000+90000000=") == "010000000"  # 1 + 9 = 10: a carry
+    assert add.target("99999999+10000000=") == "000000001"  # 100000000: a carry through all 8
+    assert add.target("21+43=") == "640"  # 12 + 34 = 46
     rng = random.Random(0)
     for _ in range(200):
         a, b = rng.randrange(10**8), rng.randrange(10**8)
-        prompt = f"{a:08d}+{b:08d}="
+        prompt = f"{a:08d}"[::-1] + "+" + f"{b:08d}"[::-1] + "="
         assert int(add.target(prompt)[::-1]) == a + b and len(add.target(prompt)) == 9
 
 
