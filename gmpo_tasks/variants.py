@@ -16,6 +16,7 @@ write such a function and add it to :data:`METHODS`; e.g. GMPO with an asymmetri
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -220,3 +221,24 @@ METHODS: dict[str, Method] = {
     "gmpo_noclip": Method("GMPO without clip", gmpo_noclip_method),
     "gmpo_seqclip": Method("GMPO, sequence-level clip ± 0.4", gmpo_seqclip_method),
 }
+
+
+def resolve(name: str) -> Method:
+    """The method called ``name``: an entry of :data:`METHODS`, or ``module:function`` (an
+    importable module's :class:`Method`, or its function with a method's signature
+    ``(logp, old_logp, advantages, mask) -> (loss, clipped fraction)``: no token clip bounds,
+    so its clipped fraction by side is NaN). A ValueError says what is wrong."""
+    if name in METHODS:
+        return METHODS[name]
+    module, sep, attr = name.partition(":")
+    if not sep:
+        raise ValueError(f"unknown method {name!r}: choose from {list(METHODS)} or module:function")
+    try:
+        obj = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"method {name!r}: {err}") from err
+    if isinstance(obj, Method):
+        return obj
+    if not callable(obj):
+        raise ValueError(f"method {name!r} is neither a Method nor a function")
+    return Method(name, obj)

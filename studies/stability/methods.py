@@ -1,6 +1,6 @@
 """The stability study's methods: :data:`METHODS`, the loss variants of
 :mod:`gmpo_tasks.variants` by name (``--methods`` takes these names, or ``module:function`` for
-a method defined elsewhere: :func:`resolve`), and the
+a method defined elsewhere: ``gmpo_tasks.variants.resolve``), and the
 :func:`fingerprint` of each method's definition, under which its runs are cached (after a change
 to a method, a rerun recomputes its runs). To study a variant, add it to
 ``gmpo_tasks.variants.METHODS`` (docs/contributing.md)."""
@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib
 import inspect
 import sys
 import types
 from typing import Any
 
-from gmpo_tasks.variants import METHODS, Method
+from gmpo_tasks.variants import METHODS, Method, resolve
 
 __all__ = ["METHODS", "Method", "fingerprint", "resolve"]
 
@@ -67,27 +66,6 @@ def _names(code: types.CodeType) -> list[str]:
     """The global names a code object and the code objects nested in it (lambdas) read."""
     nested = [c for c in code.co_consts if isinstance(c, types.CodeType)]
     return [*code.co_names, *(n for c in nested for n in _names(c))]
-
-
-def resolve(name: str) -> Method:
-    """The method called ``name``: an entry of :data:`METHODS`, or ``module:function`` (an
-    importable module's :class:`Method`, or its function with a method's signature
-    ``(logp, old_logp, advantages, mask) -> (loss, clipped fraction)``: no token clip bounds,
-    so its clipped fraction by side is NaN). A ValueError says what is wrong."""
-    if name in METHODS:
-        return METHODS[name]
-    module, sep, attr = name.partition(":")
-    if not sep:
-        raise ValueError(f"unknown method {name!r}: choose from {list(METHODS)} or module:function")
-    try:
-        obj = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"method {name!r}: {err}") from err
-    if isinstance(obj, Method):
-        return obj
-    if not callable(obj):
-        raise ValueError(f"method {name!r} is neither a Method nor a function")
-    return Method(name, obj)
 
 
 def fingerprint(name: str) -> str:
