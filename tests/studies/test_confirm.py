@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from gmpo_tasks import add
 from gmpo_tasks.rules import collapse, failed, holm
 from gmpo_tasks.variants import METHODS, grpo_arithmetic_loss
 from studies.stability import __main__ as stability
@@ -105,7 +106,8 @@ def test_setup_overrides_and_the_task_settings() -> None:
     args = stability.parse(["--task", "add", "--setup", "beta2=0.99,tied=false,warm_lr=1e-3"])
     setup = stability.make_setup(args)
     assert (setup.task_name, setup.beta2, setup.tied, setup.warm_lr) == ("add", 0.99, False, 1e-3)
-    assert setup.length == 8 and setup.task.answer_length == 9
+    assert (setup.length, setup.noise, setup.warm_steps) == (add.LENGTH, add.NOISE, add.WARM.steps)
+    assert setup.task.answer_length == add.LENGTH + 1
     assert stability.make_setup(stability.parse(["--quick", "--task", "add"])).length == 3
 
 
