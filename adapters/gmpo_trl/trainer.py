@@ -21,8 +21,9 @@ from torch import Tensor
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
-from gmpo_core import gmpo_loss, sequence_kl
+from gmpo_core import ClipStats, clip_metrics, gmpo_loss, sequence_kl
 from gmpo_core import metrics as gmpo_metrics
+from gmpo_tasks.variants import Method, resolve
 from gmpo_trl import vllm_cpu
 from gmpo_trl.compat import check_compute_loss, check_liger, forward_keys
 from gmpo_trl.config import GMPOConfig, check_config
@@ -33,6 +34,8 @@ FORWARD_KEYS = forward_keys()
 RESUME_STATE = "gmpo_trainer_state_{}.pt"
 # the adaptive entropy controller's window mean, read with the metrics (not logged)
 _WORLD_ENTROPY = "_world_entropy"
+#: a loss variant's clipped fraction (``loss_variant``), apart from the core's ``clip_ratio/*``
+VARIANT_CLIP = "variant/clip_ratio"
 
 
 class GMPOTrainer(GRPOTrainer):
@@ -48,6 +51,11 @@ class GMPOTrainer(GRPOTrainer):
     ``region_mean``, ``low_min``, ``high_max`` (over the tokens the policy term reads),
     ``log_ratio/min``, ``log_ratio/max``, ``clip_ratio/dual_mean`` (with ``delta``), ``kl``,
     ``entropy``, and ``policy_loss``, ``entropy_coef``, ``aux_loss`` where GRPOTrainer logs them.
+
+    With ``loss_variant`` (:func:`gmpo_trl.config.check_variant`), the variant's function takes
+    ``gmpo_loss``'s place in the loss step; the metrics are then ``variant/clip_ratio`` (its
+    clipped fraction, a token mean over processes), ``log_ratio/min``, ``log_ratio/max``,
+    ``entropy`` and the host terms' (no ``clip_ratio/*``: the core's clip did not run).
     """
 
     _tag_names: ClassVar[list[str]] = ["trl", "gmpo"]
@@ -69,6 +77,9 @@ class GMPOTrainer(GRPOTrainer):
         check_compute_loss()
         vllm_cpu.prepare(model, args)  # use_vllm: checks and the CPU workaround, before the engine
         super().__init__(model, reward_funcs, args=args, **kwargs)
+        self._variant: Method | None = (
+            None if args.loss_variant is None else resolve(args.loss_variant)
+        )
 
     # ------------------------------------------------------------------------------------------
     # checkpoints: what GRPOTrainer's own files leave out
@@ -191,30 +202,35 @@ class GMPOTrainer(GRPOTrainer):
         ref_logps = inputs.get("ref_per_token_logps") if beta != 0.0 else None
         if beta != 0.0 and ref_logps is None:
             raise ValueError("beta != 0 needs inputs['ref_per_token_logps'] (the reference model)")
-        kl_apart = beta != 0.0 and (entropy_mask is not None or off_policy)
-        out = gmpo_loss(
-            logps,
-            old_logps,
-            advantages,
-            policy_mask,
-            epsilon=self.epsilon_low,
-            epsilon_high=self.epsilon_high,
-            beta=0.0 if kl_apart else beta,
-            ref_logp=None if kl_apart else ref_logps,
-            is_weights=is_weights,
-            dual_clip=self.args.delta,
-            impl=self.args.gmpo_impl,
-        )
-        loss = out.loss
-        kl_sum, kl_count = out.kl_sum, out.stats.num_tokens
-        if kl_apart:
-            kl_mask = mask
-            if is_weights is not None and is_weights.shape == mask.shape:
-                kl_mask = mask & (is_weights != 0)  # token_mask mode: those tokens left the row
-            kl_rows = sequence_kl(logps, ref_logps, kl_mask)  # (B,)
-            loss = (out.per_sequence_loss + beta * kl_rows).mean()
-            n_kl = kl_mask.sum(-1)  # (B,)
-            kl_sum, kl_count = (kl_rows.detach() * n_kl).sum(), n_kl.sum()
+        if self._variant is not None:  # loss_variant: its function in gmpo_loss's place
+            loss, clipped, stats = variant_loss(
+                self._variant, logps, old_logps, advantages, policy_mask
+            )
+        else:
+            kl_apart = beta != 0.0 and (entropy_mask is not None or off_policy)
+            out = gmpo_loss(
+                logps,
+                old_logps,
+                advantages,
+                policy_mask,
+                epsilon=self.epsilon_low,
+                epsilon_high=self.epsilon_high,
+                beta=0.0 if kl_apart else beta,
+                ref_logp=None if kl_apart else ref_logps,
+                is_weights=is_weights,
+                dual_clip=self.args.delta,
+                impl=self.args.gmpo_impl,
+            )
+            loss = out.loss
+            kl_sum, kl_count = out.kl_sum, out.stats.num_tokens
+            if kl_apart:
+                kl_mask = mask
+                if is_weights is not None and is_weights.shape == mask.shape:
+                    kl_mask = mask & (is_weights != 0)  # token_mask mode: those tokens left
+                kl_rows = sequence_kl(logps, ref_logps, kl_mask)  # (B,)
+                loss = (out.per_sequence_loss + beta * kl_rows).mean()
+                n_kl = kl_mask.sum(-1)  # (B,)
+                kl_sum, kl_count = (kl_rows.detach() * n_kl).sum(), n_kl.sum()
         policy_loss = loss.detach()
         loss = loss / accumulation
 
@@ -232,7 +248,10 @@ class GMPOTrainer(GRPOTrainer):
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
             pending["aux_loss"] = self.accelerator.gather_for_metrics(aux_loss).mean()
 
-        host = self._log_gmpo_metrics(out, entropies, mask, kl_sum, kl_count, mode, pending)
+        if self._variant is not None:
+            host = self._log_variant_metrics(stats, clipped, entropies, mask, mode, pending)
+        else:
+            host = self._log_gmpo_metrics(out, entropies, mask, kl_sum, kl_count, mode, pending)
         metrics = self._metrics[mode]
         if world_entropy is not None:
             self._update_entropy_coef(host.pop(_WORLD_ENTROPY))
@@ -325,6 +344,48 @@ class GMPOTrainer(GRPOTrainer):
         values["entropy"] = torch.where(n_ent > 0, ent / n_ent.clamp(min=1), nan)
         if self.beta != 0.0:
             values["kl"] = torch.where(n_kl > 0, kl / n_kl.clamp(min=1), nan)
+        return self._read_metrics(values, pending, mode)
+
+    def _log_variant_metrics(
+        self,
+        stats: ClipStats,
+        clipped: Tensor,
+        entropies: Tensor,
+        mask: Tensor,
+        mode: str,
+        pending: dict[str, Tensor],
+    ) -> dict[str, float]:
+        """:meth:`_log_gmpo_metrics` for ``loss_variant``: its clipped fraction ``clipped`` (over
+        ``stats.num_tokens`` tokens: a token-weighted mean across processes), the log-ratio
+        range of ``stats``, the entropy; one collective each for sums and extrema, one sync."""
+        f64 = torch.float64
+        n = stats.num_tokens.to(f64)
+        sums = torch.stack(
+            [
+                torch.where(n > 0, clipped.detach().to(f64) * n, 0),
+                n,
+                torch.where(mask, entropies.detach().to(f64), 0).sum(),
+                mask.sum().to(f64),
+            ]
+        )
+        sums = self.accelerator.reduce(sums, reduction="sum")
+        extrema = torch.stack([stats.log_ratio_min, -stats.log_ratio_max]).float()
+        lo, neg_hi = self.accelerator.gather(extrema.unsqueeze(0)).amin(0)
+        nan = torch.full_like(sums[0], float("nan"))
+        values = {
+            VARIANT_CLIP: torch.where(sums[1] > 0, sums[0] / sums[1].clamp(min=1), nan),
+            "log_ratio/min": torch.where(lo.isfinite(), lo, nan),
+            "log_ratio/max": torch.where(neg_hi.isfinite(), -neg_hi, nan),
+            "entropy": torch.where(sums[3] > 0, sums[2] / sums[3].clamp(min=1), nan),
+        }
+        return self._read_metrics(values, pending, mode)
+
+    def _read_metrics(
+        self, values: dict[str, Tensor], pending: dict[str, Tensor], mode: str
+    ) -> dict[str, float]:
+        """Read ``values`` and ``pending`` (0-d tensors) in one host sync; log ``values``,
+        return ``pending`` as floats."""
+        f64 = torch.float64
         tensors = [*values.values(), *pending.values()]
         read = torch.stack([v.to(f64).reshape(()) for v in tensors]).tolist()  # the one sync
         host = dict(zip([*values, *pending], read, strict=True))
@@ -332,6 +393,27 @@ class GMPOTrainer(GRPOTrainer):
         for key in values:
             m[key].append(host[key])
         return {key: host[key] for key in pending}
+
+
+def variant_loss(
+    method: Method, logps: Tensor, old_logps: Tensor | None, advantages: Tensor, mask: Tensor
+) -> tuple[Tensor, Tensor, ClipStats]:
+    """A loss variant's ``(loss, clipped fraction)`` on the policy term's tokens ``mask`` (old
+    log-probs ``logps.detach()`` on-policy), and the log-ratio's statistics for the metrics
+    (``gmpo_core.clip_metrics``; its range and token count are read)."""
+    old = logps.detach() if old_logps is None else old_logps
+    result = method.loss(logps, old, advantages, mask)
+    if not (
+        isinstance(result, tuple)
+        and len(result) == 2
+        and all(isinstance(t, Tensor) and t.dim() == 0 for t in result)
+    ):
+        raise TypeError(
+            f"loss variant {method.label!r} must return (loss, clipped fraction), two 0-d "
+            f"tensors; got {type(result).__name__}"
+        )
+    stats = clip_metrics(logps.detach() - old.detach(), advantages, mask)
+    return result[0], result[1], stats
 
 
 def completion_tokens(inputs: dict[str, Any]) -> Tensor:
