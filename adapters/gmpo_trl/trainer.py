@@ -21,10 +21,10 @@ from torch import Tensor
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
-from gmpo_core import ClipStats, clip_metrics, gmpo_loss, sequence_kl
+from gmpo_core import gmpo_loss, sequence_kl
 from gmpo_core import metrics as gmpo_metrics
 from gmpo_tasks.variants import Method, resolve
-from gmpo_trl import vllm_cpu
+from gmpo_trl import variant, vllm_cpu
 from gmpo_trl.compat import check_compute_loss, check_liger, forward_keys
 from gmpo_trl.config import GMPOConfig, check_config
 from gmpo_trl.head_swap import lm_head_swapped
@@ -34,8 +34,6 @@ FORWARD_KEYS = forward_keys()
 RESUME_STATE = "gmpo_trainer_state_{}.pt"
 # the adaptive entropy controller's window mean, read with the metrics (not logged)
 _WORLD_ENTROPY = "_world_entropy"
-#: a loss variant's clipped fraction (``loss_variant``), apart from the core's ``clip_ratio/*``
-VARIANT_CLIP = "variant/clip_ratio"
 
 
 class GMPOTrainer(GRPOTrainer):
@@ -203,7 +201,7 @@ class GMPOTrainer(GRPOTrainer):
         if beta != 0.0 and ref_logps is None:
             raise ValueError("beta != 0 needs inputs['ref_per_token_logps'] (the reference model)")
         if self._variant is not None:  # loss_variant: its function in gmpo_loss's place
-            loss, clipped, stats = variant_loss(
+            loss, clipped, stats = variant.variant_loss(
                 self._variant, logps, old_logps, advantages, policy_mask
             )
         else:
@@ -249,7 +247,8 @@ class GMPOTrainer(GRPOTrainer):
             pending["aux_loss"] = self.accelerator.gather_for_metrics(aux_loss).mean()
 
         if self._variant is not None:
-            host = self._log_variant_metrics(stats, clipped, entropies, mask, mode, pending)
+            sums, minima = variant.local_metrics(stats, clipped, entropies, mask)
+            host = self._log_variant_metrics(sums, minima, mode, pending)
         else:
             host = self._log_gmpo_metrics(out, entropies, mask, kl_sum, kl_count, mode, pending)
         metrics = self._metrics[mode]
@@ -347,38 +346,13 @@ class GMPOTrainer(GRPOTrainer):
         return self._read_metrics(values, pending, mode)
 
     def _log_variant_metrics(
-        self,
-        stats: ClipStats,
-        clipped: Tensor,
-        entropies: Tensor,
-        mask: Tensor,
-        mode: str,
-        pending: dict[str, Tensor],
+        self, sums: Tensor, minima: Tensor, mode: str, pending: dict[str, Tensor]
     ) -> dict[str, float]:
-        """:meth:`_log_gmpo_metrics` for ``loss_variant``: its clipped fraction ``clipped`` (over
-        ``stats.num_tokens`` tokens: a token-weighted mean across processes), the log-ratio
-        range of ``stats``, the entropy; one collective each for sums and extrema, one sync."""
-        f64 = torch.float64
-        n = stats.num_tokens.to(f64)
-        sums = torch.stack(
-            [
-                torch.where(n > 0, clipped.detach().to(f64) * n, 0),
-                n,
-                torch.where(mask, entropies.detach().to(f64), 0).sum(),
-                mask.sum().to(f64),
-            ]
-        )
+        """:meth:`_log_gmpo_metrics` for ``loss_variant``: ``gmpo_trl.variant.local_metrics``'
+        sums and minima, reduced across processes, then read in one sync."""
         sums = self.accelerator.reduce(sums, reduction="sum")
-        extrema = torch.stack([stats.log_ratio_min, -stats.log_ratio_max]).float()
-        lo, neg_hi = self.accelerator.gather(extrema.unsqueeze(0)).amin(0)
-        nan = torch.full_like(sums[0], float("nan"))
-        values = {
-            VARIANT_CLIP: torch.where(sums[1] > 0, sums[0] / sums[1].clamp(min=1), nan),
-            "log_ratio/min": torch.where(lo.isfinite(), lo, nan),
-            "log_ratio/max": torch.where(neg_hi.isfinite(), -neg_hi, nan),
-            "entropy": torch.where(sums[3] > 0, sums[2] / sums[3].clamp(min=1), nan),
-        }
-        return self._read_metrics(values, pending, mode)
+        minima = self.accelerator.gather(minima.unsqueeze(0)).amin(0)
+        return self._read_metrics(variant.metrics(sums, minima), pending, mode)
 
     def _read_metrics(
         self, values: dict[str, Tensor], pending: dict[str, Tensor], mode: str
@@ -393,27 +367,6 @@ class GMPOTrainer(GRPOTrainer):
         for key in values:
             m[key].append(host[key])
         return {key: host[key] for key in pending}
-
-
-def variant_loss(
-    method: Method, logps: Tensor, old_logps: Tensor | None, advantages: Tensor, mask: Tensor
-) -> tuple[Tensor, Tensor, ClipStats]:
-    """A loss variant's ``(loss, clipped fraction)`` on the policy term's tokens ``mask`` (old
-    log-probs ``logps.detach()`` on-policy), and the log-ratio's statistics for the metrics
-    (``gmpo_core.clip_metrics``; its range and token count are read)."""
-    old = logps.detach() if old_logps is None else old_logps
-    result = method.loss(logps, old, advantages, mask)
-    if not (
-        isinstance(result, tuple)
-        and len(result) == 2
-        and all(isinstance(t, Tensor) and t.dim() == 0 for t in result)
-    ):
-        raise TypeError(
-            f"loss variant {method.label!r} must return (loss, clipped fraction), two 0-d "
-            f"tensors; got {type(result).__name__}"
-        )
-    stats = clip_metrics(logps.detach() - old.detach(), advantages, mask)
-    return result[0], result[1], stats
 
 
 def completion_tokens(inputs: dict[str, Any]) -> Tensor:
