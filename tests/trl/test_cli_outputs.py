@@ -70,9 +70,11 @@ def test_help_defaults_are_gmpoconfigs():
     assert declared["bf16"].default is None and declared["use_cpu"].default is False
     text = " ".join(short_help("train").split())
     shown = [name for name, option in OPTIONS.items() if not option.fixed]
-    assert shown == ["epsilon", "epsilon_high", "delta", "gmpo_impl", "gmpo_lm_head"]
+    assert shown == ["epsilon", "epsilon_high", "delta", "gmpo_impl", "gmpo_lm_head",
+                     "loss_variant"]  # fmt: skip
     said = {"epsilon": " Default: 0.4.", "epsilon_high": "", "delta": "",
-            "gmpo_impl": " Default: 'plain'.", "gmpo_lm_head": " Default: true."}  # fmt: skip
+            "gmpo_impl": " Default: 'plain'.", "gmpo_lm_head": " Default: true.",
+            "loss_variant": ""}  # fmt: skip
     for name in shown:  # GMPOConfig's help text and default, as --help shows them
         assert f"--{name} X {declared[name].metadata['help']}{said[name]}" in text, name
     assert declared["gmpo_lm_head"].default is True and declared["gmpo_impl"].default == "plain"
