@@ -75,7 +75,7 @@ figures-lm-head: setup
 ## 3 of use_v1=False with gmpo_dual_clip) and the FSDP2 engine's grad norms (torchrun, 1 and 2
 ## processes); results/figures-verl/verl_cpu.md and .json, the logs in runs/figures-verl. Minutes.
 figures-verl: setup
-	$(BIN)/python scripts/verl_cpu.py
+	$(BIN)/python -m verl_cpu.figures
 
 ## docs/benchmarks.md's numbers: the loss benchmark (time per call against TRL's and verl's
 ## GMPO, memory, compile time and break-even; packed against padded sequences);
