@@ -75,7 +75,7 @@ figures-lm-head: setup
 ## 3 of use_v1=False with gmpo_dual_clip) and the FSDP2 engine's grad norms (torchrun, 1 and 2
 ## processes); results/figures-verl/verl_cpu.md and .json, the logs in runs/figures-verl. Minutes.
 figures-verl: setup
-	$(BIN)/python scripts/verl_cpu.py
+	$(BIN)/python -m verl_cpu.figures
 
 ## docs/benchmarks.md's numbers: the loss benchmark (time per call against TRL's and verl's
 ## GMPO, memory, compile time and break-even; packed against padded sequences);
@@ -188,7 +188,8 @@ check-numbers:
 PY310 ?= python3.10
 COMPAT_DIR ?= .compat
 COMPAT_CORE_TESTS := tests/core/test_compat.py tests/core/test_hand_cases.py tests/core/test_compile.py \
-	tests/core/test_validation.py tests/core/test_reference.py tests/core/test_properties.py tests/core/test_transforms.py
+	tests/core/test_validation.py tests/core/test_reference.py tests/core/test_properties.py \
+	tests/core/test_properties_bounds.py tests/core/test_properties_packed.py tests/core/test_transforms.py
 COMPAT_TRL_TESTS := tests/trl/test_compat.py tests/trl/test_config.py \
 	tests/trl/test_lm_head_default.py tests/trl/test_loss_step.py tests/trl/test_training.py
 COMPAT_VERL_TESTS := tests/verl/test_compat.py tests/verl/test_registration.py \
