@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gmpo_tasks.chars import DIGITS, PLUS, SEP
-from gmpo_tasks.warm_start import WarmStart
+from gmpo_tasks.warm_start import WarmStart, imitation_reward, noisy_demonstrations
 
 #: the study's setting of the task, from the calibration (docs/study_plan.md's rule; the numbers in
 #: results/study-confirm/calibration.md): 4-digit numbers (a 5-digit answer), the warm start's
@@ -102,12 +102,8 @@ class AddTask:
         """``n`` (prompt, noisy completion) pairs for the supervised warm start: each target digit
         replaced with probability ``noise`` by a uniform digit. The same for the same ``seed``."""
         rng = random.Random(f"add-demos:{self.length}:{self.noise}:{seed}")
-        out = []
-        for prompt in self.prompts(n, seed=f"demo:{seed}"):
-            noisy = [rng.choice(DIGITS) if rng.random() < self.noise else c for c in target(prompt)]
-            out.append((prompt, "".join(noisy)))
-        return out
+        return noisy_demonstrations(self.prompts(n, seed=f"demo:{seed}"), target, self.noise, rng)
 
     def expected_warm_reward(self) -> float:
         """Exact-match reward of a policy that matches the demonstrations' distribution."""
-        return (1.0 - self.noise + self.noise / len(DIGITS)) ** self.answer_length
+        return imitation_reward(self.noise, self.answer_length)

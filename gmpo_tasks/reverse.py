@@ -32,7 +32,14 @@ from typing import Any
 from gmpo_tasks.chars import DIGITS, SEP, char_tokenizer
 from gmpo_tasks.models import gpt2_model
 from gmpo_tasks.task import Task
-from gmpo_tasks.warm_start import WARM, WarmStart, sampled_reward, warm_start_hf
+from gmpo_tasks.warm_start import (
+    WARM,
+    WarmStart,
+    imitation_reward,
+    noisy_demonstrations,
+    sampled_reward,
+    warm_start_hf,
+)
 
 
 def target(prompt: str) -> str:
@@ -115,15 +122,11 @@ class ReverseTask:
         """``n`` (prompt, noisy completion) pairs for the supervised warm start: each target digit
         replaced with probability ``noise`` by a uniform digit. The same for the same ``seed``."""
         rng = random.Random(f"reverse-demos:{self.length}:{self.noise}:{seed}")
-        out = []
-        for prompt in self.prompts(n, seed=f"demo:{seed}"):
-            noisy = [rng.choice(DIGITS) if rng.random() < self.noise else c for c in target(prompt)]
-            out.append((prompt, "".join(noisy)))
-        return out
+        return noisy_demonstrations(self.prompts(n, seed=f"demo:{seed}"), target, self.noise, rng)
 
     def expected_warm_reward(self) -> float:
         """Exact-match reward of a policy that matches the demonstrations' distribution."""
-        return (1.0 - self.noise + self.noise / len(DIGITS)) ** self.length
+        return imitation_reward(self.noise, self.length)
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,12 @@ LM with a character tokenizer) share it, and its settings.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from gmpo_tasks.chars import DIGITS
 
 
 class Demonstrating(Protocol):
@@ -25,6 +28,24 @@ class Demonstrating(Protocol):
     def prompts(self, n: int, *, seed: int | str) -> list[str]: ...
 
     def reward(self, prompts: Sequence[str], completions: Sequence[str]) -> list[float]: ...
+
+
+def noisy_demonstrations(
+    prompts: Iterable[str], target: Callable[[str], str], noise: float, rng: random.Random
+) -> list[tuple[str, str]]:
+    """(prompt, completion) pairs: each digit of ``target(prompt)`` replaced, with probability
+    ``noise``, by a uniformly drawn digit (which may be the right one), drawn from ``rng``."""
+    out = []
+    for prompt in prompts:
+        noisy = [rng.choice(DIGITS) if rng.random() < noise else c for c in target(prompt)]
+        out.append((prompt, "".join(noisy)))
+    return out
+
+
+def imitation_reward(noise: float, tokens: int) -> float:
+    """Exact-match reward of a policy that matches such demonstrations, ``tokens`` digits long:
+    each digit right with probability ``1 - noise + noise / 10``."""
+    return (1.0 - noise + noise / len(DIGITS)) ** tokens
 
 
 @dataclass(frozen=True)
