@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gmpo_tasks.chars import DIGITS, PLUS, SEP
-from gmpo_tasks.warm_start import WarmStart, imitation_reward, noisy_demonstrations
+from gmpo_tasks.warm_start import NoisyDemonstrations, WarmStart
 
 #: the study's setting of the task, from the calibration (docs/study_plan.md's rule; the numbers in
 #: results/study-confirm/calibration.md): 4-digit numbers (a 5-digit answer), the warm start's
@@ -59,7 +59,7 @@ def reward(prompts: Sequence[str], completions: Sequence[str], **_: Any) -> list
 
 
 @dataclass(frozen=True)
-class AddTask:
+class AddTask(NoisyDemonstrations):
     """The task's settings; each method is a pure function of its arguments and ``seed``.
 
     ``length``: digits per number (L; the answer has L + 1). ``noise``: the probability that a
@@ -68,11 +68,8 @@ class AddTask:
     length: int = LENGTH
     noise: float = NOISE
 
-    def __post_init__(self) -> None:
-        if not (isinstance(self.length, int) and self.length >= 1):
-            raise ValueError(f"length must be an integer >= 1, got {self.length!r}")
-        if not 0.0 <= self.noise <= 1.0:
-            raise ValueError(f"noise must be in [0, 1], got {self.noise!r}")
+    demo_tag = "add"  # the demonstrations' random stream
+    target = staticmethod(target)
 
     @property
     def prompt_length(self) -> int:
@@ -97,13 +94,3 @@ class AddTask:
     def reward(self, prompts: Sequence[str], completions: Sequence[str], **kw: Any) -> list[float]:
         """:func:`reward` (TRL's signature)."""
         return reward(prompts, completions, **kw)
-
-    def demonstrations(self, n: int, *, seed: int | str) -> list[tuple[str, str]]:
-        """``n`` (prompt, noisy completion) pairs for the supervised warm start: each target digit
-        replaced with probability ``noise`` by a uniform digit. The same for the same ``seed``."""
-        rng = random.Random(f"add-demos:{self.length}:{self.noise}:{seed}")
-        return noisy_demonstrations(self.prompts(n, seed=f"demo:{seed}"), target, self.noise, rng)
-
-    def expected_warm_reward(self) -> float:
-        """Exact-match reward of a policy that matches the demonstrations' distribution."""
-        return imitation_reward(self.noise, self.answer_length)

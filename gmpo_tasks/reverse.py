@@ -34,9 +34,8 @@ from gmpo_tasks.models import gpt2_model
 from gmpo_tasks.task import Task
 from gmpo_tasks.warm_start import (
     WARM,
+    NoisyDemonstrations,
     WarmStart,
-    imitation_reward,
-    noisy_demonstrations,
     sampled_reward,
     warm_start_hf,
 )
@@ -78,7 +77,7 @@ def partial_reward(prompts: Sequence[str], completions: Sequence[str], **kw: Any
 
 
 @dataclass(frozen=True)
-class ReverseTask:
+class ReverseTask(NoisyDemonstrations):
     """The task's settings; each method is a pure function of its arguments and ``seed``.
 
     ``length``: digits per prompt (L). ``partial_credit``: reward the fraction of right positions
@@ -89,11 +88,8 @@ class ReverseTask:
     partial_credit: bool = False
     noise: float = 0.1
 
-    def __post_init__(self) -> None:
-        if not (isinstance(self.length, int) and self.length >= 1):
-            raise ValueError(f"length must be an integer >= 1, got {self.length!r}")
-        if not 0.0 <= self.noise <= 1.0:
-            raise ValueError(f"noise must be in [0, 1], got {self.noise!r}")
+    demo_tag = "reverse"  # the demonstrations' random stream
+    target = staticmethod(target)
 
     @property
     def prompt_length(self) -> int:
@@ -117,16 +113,6 @@ class ReverseTask:
     def reward_function(self) -> Callable[..., list[float]]:
         """The module-level reward function of this task's setting, for TRL's ``reward_funcs``."""
         return partial_reward if self.partial_credit else reward
-
-    def demonstrations(self, n: int, *, seed: int | str) -> list[tuple[str, str]]:
-        """``n`` (prompt, noisy completion) pairs for the supervised warm start: each target digit
-        replaced with probability ``noise`` by a uniform digit. The same for the same ``seed``."""
-        rng = random.Random(f"reverse-demos:{self.length}:{self.noise}:{seed}")
-        return noisy_demonstrations(self.prompts(n, seed=f"demo:{seed}"), target, self.noise, rng)
-
-    def expected_warm_reward(self) -> float:
-        """Exact-match reward of a policy that matches the demonstrations' distribution."""
-        return imitation_reward(self.noise, self.length)
 
 
 @dataclass(frozen=True)

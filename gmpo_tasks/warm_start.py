@@ -48,6 +48,37 @@ def imitation_reward(noise: float, tokens: int) -> float:
     return (1.0 - noise + noise / len(DIGITS)) ** tokens
 
 
+class NoisyDemonstrations:
+    """A task's noisy demonstrations (and its settings' checks), for a dataclass with ``length``, ``noise``,
+    ``answer_length``, ``prompts(n, seed=...)``, ``target(prompt)`` and ``demo_tag`` (its
+    demonstrations' random stream)."""
+
+    length: int
+    noise: float
+    demo_tag: str
+    target: Callable[[str], str]
+
+    answer_length: int
+    prompts: Callable[..., list[str]]
+
+    def __post_init__(self) -> None:  # the dataclass's checks of its settings
+        if not (isinstance(self.length, int) and self.length >= 1):
+            raise ValueError(f"length must be an integer >= 1, got {self.length!r}")
+        if not 0.0 <= self.noise <= 1.0:
+            raise ValueError(f"noise must be in [0, 1], got {self.noise!r}")
+
+    def demonstrations(self, n: int, *, seed: int | str) -> list[tuple[str, str]]:
+        """``n`` (prompt, noisy completion) pairs for the supervised warm start: each target digit
+        replaced with probability ``noise`` by a uniform digit. The same for the same ``seed``."""
+        rng = random.Random(f"{self.demo_tag}-demos:{self.length}:{self.noise}:{seed}")
+        prompts = self.prompts(n, seed=f"demo:{seed}")
+        return noisy_demonstrations(prompts, self.target, self.noise, rng)
+
+    def expected_warm_reward(self) -> float:
+        """Exact-match reward of a policy that matches the demonstrations' distribution."""
+        return imitation_reward(self.noise, self.answer_length)
+
+
 @dataclass(frozen=True)
 class WarmStart:
     """``steps`` Adam steps at learning rate ``lr`` on ``batch`` fresh demonstrations each."""
