@@ -156,3 +156,12 @@ def test_the_analysis_on_made_up_records() -> None:
     assert "against GMPO: C1 is confirmed on neither task" in out["verdicts"]
     assert any("entropy" in v for v in out["verdicts"])
     assert "gmpo failed in more runs than grpo on every task" in " ".join(out["verdicts"])
+
+
+def test_the_regime_table_counts_learned_and_failed() -> None:
+    from studies.stability import regime
+
+    records = [{"method": "gmpo", "start_reward": 0.2, "final_reward": f, "peak_reward": p,
+                "failed": fail} for f, p, fail in ((0.8, 0.9, False), (0.0, 0.6, True), (0.1, 0.3, True))]  # fmt: skip
+    (row,) = regime.rows("base", records)
+    assert row.startswith("| base | gmpo | 3 |") and row.endswith("| 2/3 | 2/3 |"), row
