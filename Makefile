@@ -137,6 +137,8 @@ study-regime: setup
 	for d in base adam_beta2 warm_start model all; do mkdir -p results/study-regime/$$d && \
 		cp runs/study-regime/$$d/summary.md runs/study-regime/$$d/summary.json \
 		runs/study-regime/$$d/curves.jsonl results/study-regime/$$d/; done
+	$(BIN)/python -m studies.stability.regime runs/study-regime/base runs/study-regime/adam_beta2 \
+		runs/study-regime/warm_start runs/study-regime/model runs/study-regime/all --out results/study-regime
 
 ## docs/study.md's "Through TRL's trainer": the study's task and cell (learning rate 2e-3, no
 ## gradient clipping) through TRL's GRPOTrainer and gmpo's GMPOTrainer on $(SEEDS) seeds, one
