@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm
+.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-regime
 
 setup: $(STAMP)
 
@@ -75,7 +75,7 @@ figures-lm-head: setup
 ## 3 of use_v1=False with gmpo_dual_clip) and the FSDP2 engine's grad norms (torchrun, 1 and 2
 ## processes); results/figures-verl/verl_cpu.md and .json, the logs in runs/figures-verl. Minutes.
 figures-verl: setup
-	$(BIN)/python scripts/verl_cpu.py
+	$(BIN)/python -m verl_cpu.figures
 
 ## docs/benchmarks.md's numbers: the loss benchmark (time per call against TRL's and verl's
 ## GMPO, memory, compile time and break-even; packed against padded sequences);
@@ -102,6 +102,43 @@ figures-study: setup
 	cp runs/figures-study/summary.md runs/figures-study/summary.json results/figures-study/
 	cp runs/figures-study/curves.jsonl runs/figures-study/invocations.jsonl results/figures-study/
 	cp runs/figures-study/stability.png docs/img/study_stability.png
+
+## docs/study.md's confirmatory section, as docs/study_plan.md fixes it: grpo, grpo_wide, gmpo and
+## gmpo_narrow at learning rate 2e-3, without and with gradient clipping at 1.0, seeds 1000-1019,
+## on the reverse and add tasks (320 runs; add's clipped cell last, the one the plan drops first);
+## then the planned analysis. results/study-confirm/: confirm.md and confirm.json, each task's
+## summary.md, summary.json, curves.jsonl and invocations.jsonl (the add warm start's calibration,
+## calibration.md, is `python -m studies.stability.calibrate --out results/study-confirm`). The runs
+## in runs/study-confirm (a rerun reuses every finished run).
+CONFIRM_SEEDS := $(shell seq -s, 1000 1019)
+CONFIRM = $(BIN)/python -m studies.stability --methods grpo,grpo_wide,gmpo,gmpo_narrow --lr 2e-3 \
+	--seeds $(CONFIRM_SEEDS) --curves-lr 2e-3
+study-confirm: setup
+	$(CONFIRM) --task reverse --grad-clip none,1.0 --out runs/study-confirm/reverse
+	$(CONFIRM) --task add --grad-clip none --out runs/study-confirm/add
+	$(CONFIRM) --task add --grad-clip none,1.0 --out runs/study-confirm/add
+	$(BIN)/python -m studies.stability.confirm runs/study-confirm/reverse runs/study-confirm/add \
+		--out results/study-confirm
+	for t in reverse add; do mkdir -p results/study-confirm/$$t && \
+		cp runs/study-confirm/$$t/summary.md runs/study-confirm/$$t/summary.json \
+		runs/study-confirm/$$t/curves.jsonl runs/study-confirm/$$t/invocations.jsonl \
+		results/study-confirm/$$t/; done
+
+## docs/study.md's regime question (exploratory): grpo_wide and gmpo at 5e-3 on seeds 500-502, in
+## this study's setup and with one difference from the other setup at a time; results/study-regime/
+REGIME = $(BIN)/python -m studies.stability --methods grpo_wide,gmpo --lr 5e-3 --grad-clip none \
+	--seeds 500,501,502
+study-regime: setup
+	$(REGIME) --out runs/study-regime/base
+	$(REGIME) --setup beta2=0.99 --out runs/study-regime/adam_beta2
+	$(REGIME) --setup warm_lr=1e-3,warm_batch=128 --out runs/study-regime/warm_start
+	$(REGIME) --setup tied=false --out runs/study-regime/model
+	$(REGIME) --setup beta2=0.99,warm_lr=1e-3,warm_batch=128,tied=false --out runs/study-regime/all
+	for d in base adam_beta2 warm_start model all; do mkdir -p results/study-regime/$$d && \
+		cp runs/study-regime/$$d/summary.md runs/study-regime/$$d/summary.json \
+		runs/study-regime/$$d/curves.jsonl results/study-regime/$$d/; done
+	$(BIN)/python -m studies.stability.regime runs/study-regime/base runs/study-regime/adam_beta2 \
+		runs/study-regime/warm_start runs/study-regime/model runs/study-regime/all --out results/study-regime
 
 ## docs/study.md's "Through TRL's trainer": the study's task and cell (learning rate 2e-3, no
 ## gradient clipping) through TRL's GRPOTrainer and gmpo's GMPOTrainer on $(SEEDS) seeds, one
@@ -153,7 +190,8 @@ check-numbers:
 PY310 ?= python3.10
 COMPAT_DIR ?= .compat
 COMPAT_CORE_TESTS := tests/core/test_compat.py tests/core/test_hand_cases.py tests/core/test_compile.py \
-	tests/core/test_validation.py tests/core/test_reference.py tests/core/test_properties.py tests/core/test_transforms.py
+	tests/core/test_validation.py tests/core/test_reference.py tests/core/test_properties.py \
+	tests/core/test_properties_bounds.py tests/core/test_properties_packed.py tests/core/test_transforms.py
 COMPAT_TRL_TESTS := tests/trl/test_compat.py tests/trl/test_config.py \
 	tests/trl/test_lm_head_default.py tests/trl/test_loss_step.py tests/trl/test_training.py
 COMPAT_VERL_TESTS := tests/verl/test_compat.py tests/verl/test_registration.py \

@@ -1,20 +1,41 @@
 """The tasks' alphabet and the character tokenizer every task's model reads, built in-process.
 
-One alphabet for every task: the digits, the separator ``=`` and distractor letters (never right
-in a completion). :data:`CHARS` is the tokenizer's (after its two special tokens);
-``gmpo_tasks.reverse.VOCAB``, the plain-torch study's 16 symbols, is a prefix-built subset of it.
+One alphabet for every task: the digits, the separator ``=``, the operator ``+`` and distractor
+letters (never right in a completion). :data:`CHARS` is the tokenizer's (after its two special
+tokens); :data:`VOCAB`, the plain-torch study's 16 symbols (:func:`encode`, :func:`decode`), is
+its first 16.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 DIGITS = "0123456789"
 SEP = "="
+PLUS = "+"
 DISTRACTORS = "abcdefgh"
 #: the tokenizer's characters, in id order after :data:`SPECIALS`: "0123456789=+abcdefgh"
-CHARS = DIGITS + SEP + "+" + DISTRACTORS
+CHARS = DIGITS + SEP + PLUS + DISTRACTORS
 SPECIALS = ("<pad>", "<eos>")
+#: the plain-torch study's symbols (``studies/stability``): the digits, ``=``, ``+`` and four
+#: distractors. Every task's prompts and answers use ids 0-11 only, so the distractors are
+#: never right: a task that uses no ``+`` (``reverse``) sees it as one more distractor
+VOCAB = CHARS[:16]
+_INDEX = {c: i for i, c in enumerate(VOCAB)}
+
+
+def encode(text: str) -> list[int]:
+    """Token ids of ``text`` in :data:`VOCAB` (one character, one token)."""
+    try:
+        return [_INDEX[c] for c in text]
+    except KeyError as err:
+        raise ValueError(f"encode: {err.args[0]!r} is not in the vocabulary {VOCAB!r}") from err
+
+
+def decode(ids: Sequence[int]) -> str:
+    """The string of token ids in :data:`VOCAB`."""
+    return "".join(VOCAB[i] for i in ids)
 
 
 def char_tokenizer(vocab_size: int | None = None) -> Any:

@@ -14,7 +14,7 @@ and a whole string right with that number to the power ``L``: 0.91 ** 16 = 0.22 
 defaults, a starting reward with room to move either way.
 
 The prompts, reward and demonstrations are strings and the standard library, so they serve a
-plain-torch model (``studies/stability``, with :data:`VOCAB` and :func:`encode`) and TRL's
+plain-torch model (``studies/stability``, with ``gmpo_tasks.chars.VOCAB`` and ``encode``) and TRL's
 trainers (the reward has TRL's signature ``reward(prompts, completions, **kw)``). The setting of
 a run (:data:`CELL`: prompts, completions, updates and rollouts, the learning rate) and the warm
 start's (``gmpo_tasks.warm_start.WARM``) are written here once; the study and ``gmpo train
@@ -29,28 +29,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gmpo_tasks.chars import DIGITS, DISTRACTORS, SEP, char_tokenizer
+from gmpo_tasks.chars import DIGITS, SEP, char_tokenizer
 from gmpo_tasks.models import gpt2_model
 from gmpo_tasks.task import Task
-from gmpo_tasks.warm_start import WARM, WarmStart, sampled_reward, warm_start_hf
-
-#: the plain-torch study's 16 symbols: the digits, the separator and five distractors (never
-#: right in a completion), each in the character tokenizer's alphabet (``gmpo_tasks.chars``)
-VOCAB = DIGITS + SEP + DISTRACTORS[:5]
-_INDEX = {c: i for i, c in enumerate(VOCAB)}
-
-
-def encode(text: str) -> list[int]:
-    """Token ids of ``text`` in :data:`VOCAB` (one character, one token)."""
-    try:
-        return [_INDEX[c] for c in text]
-    except KeyError as err:
-        raise ValueError(f"encode: {err.args[0]!r} is not in the vocabulary {VOCAB!r}") from err
-
-
-def decode(ids: Sequence[int]) -> str:
-    """The string of token ids in :data:`VOCAB`."""
-    return "".join(VOCAB[i] for i in ids)
+from gmpo_tasks.warm_start import (
+    WARM,
+    NoisyDemonstrations,
+    WarmStart,
+    sampled_reward,
+    warm_start_hf,
+)
 
 
 def target(prompt: str) -> str:
@@ -89,7 +77,7 @@ def partial_reward(prompts: Sequence[str], completions: Sequence[str], **kw: Any
 
 
 @dataclass(frozen=True)
-class ReverseTask:
+class ReverseTask(NoisyDemonstrations):
     """The task's settings; each method is a pure function of its arguments and ``seed``.
 
     ``length``: digits per prompt (L). ``partial_credit``: reward the fraction of right positions
@@ -100,11 +88,18 @@ class ReverseTask:
     partial_credit: bool = False
     noise: float = 0.1
 
-    def __post_init__(self) -> None:
-        if not (isinstance(self.length, int) and self.length >= 1):
-            raise ValueError(f"length must be an integer >= 1, got {self.length!r}")
-        if not 0.0 <= self.noise <= 1.0:
-            raise ValueError(f"noise must be in [0, 1], got {self.noise!r}")
+    demo_tag = "reverse"  # the demonstrations' random stream
+    target = staticmethod(target)
+
+    @property
+    def prompt_length(self) -> int:
+        """Tokens of a prompt: the digits and ``=``."""
+        return self.length + 1
+
+    @property
+    def answer_length(self) -> int:
+        """Tokens of the answer: the digits reversed."""
+        return self.length
 
     def prompts(self, n: int, *, seed: int | str) -> list[str]:
         """``n`` prompts ``"d1...dL="`` with uniform digits, the same for the same ``seed``."""
@@ -118,20 +113,6 @@ class ReverseTask:
     def reward_function(self) -> Callable[..., list[float]]:
         """The module-level reward function of this task's setting, for TRL's ``reward_funcs``."""
         return partial_reward if self.partial_credit else reward
-
-    def demonstrations(self, n: int, *, seed: int | str) -> list[tuple[str, str]]:
-        """``n`` (prompt, noisy completion) pairs for the supervised warm start: each target digit
-        replaced with probability ``noise`` by a uniform digit. The same for the same ``seed``."""
-        rng = random.Random(f"reverse-demos:{self.length}:{self.noise}:{seed}")
-        out = []
-        for prompt in self.prompts(n, seed=f"demo:{seed}"):
-            noisy = [rng.choice(DIGITS) if rng.random() < self.noise else c for c in target(prompt)]
-            out.append((prompt, "".join(noisy)))
-        return out
-
-    def expected_warm_reward(self) -> float:
-        """Exact-match reward of a policy that matches the demonstrations' distribution."""
-        return (1.0 - self.noise + self.noise / len(DIGITS)) ** self.length
 
 
 @dataclass(frozen=True)

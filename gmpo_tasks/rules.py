@@ -4,6 +4,9 @@ stability study's tables and ``gmpo compare``'s summary both read them.
 * a run's *final reward* is the mean reward of its last ``window`` steps (logged rewards), its
   *peak reward* the largest mean over ``window`` consecutive steps; it *collapsed* when the final
   reward is at least ``drop`` below the peak (``window = 20``, ``drop = 0.3``);
+* a run *failed* (the confirmatory study's primary count, docs/study_plan.md) when its final
+  reward is below its warm start's reward or it collapsed (which sees the runs that fall from
+  the warm start straight to 0 as well as those that learn and lose it);
 * sign test of GMPO against a GRPO variant: pairs are the two methods' runs with the same
   learning rate, gradient clip and seed, pooled over every cell; a pair is a win when GMPO's
   final reward is higher, a loss when it is lower, a tie otherwise (dropped). H0: wins and losses
@@ -37,6 +40,27 @@ def collapse(rewards: Sequence[float], window: int = WINDOW, drop: float = DROP)
     means = [statistics.fmean(rewards[i : i + w]) for i in range(len(rewards) - w + 1)]
     final, peak = means[-1], max(means)
     return Collapse(final, peak, peak - final >= drop - 1e-12)
+
+
+def failed(
+    rewards: Sequence[float], start: float, window: int = WINDOW, drop: float = DROP
+) -> bool:
+    """Whether a run failed: its final reward below ``start`` (the warm start's reward), or at
+    least ``drop`` below its peak (:func:`collapse`)."""
+    c = collapse(rewards, window, drop)
+    return c.final < start or c.collapsed
+
+
+def holm(ps: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the order given: the k-th smallest p times
+    (m - k + 1), made monotone, at most 1."""
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    out = [0.0] * len(ps)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        out[i] = running
+    return out
 
 
 def sign_test_p(wins: int, losses: int) -> float:

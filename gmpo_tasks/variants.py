@@ -16,6 +16,7 @@ write such a function and add it to :data:`METHODS`; e.g. GMPO with an asymmetri
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -35,8 +36,13 @@ LossFn = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
 class Method(NamedTuple):
+    """A study method: its label, its loss, and where it has a token-level clip its bounds in log
+    space, ``(low, high)`` (the clip acts below ``-low`` with A < 0 and above ``high`` with A > 0;
+    the study's clipped fraction by side)."""
+
     label: str
     loss: LossFn
+    bounds: tuple[float, float] | None = None
 
 
 # docs/recipes.md's recipes, in the page's order ------------------------------------------------
@@ -194,18 +200,45 @@ def gmpo_seqclip_method(
 
 WIDE = 0.4  # GMPO's log-space epsilon, and grpo_wide's ratio range (e^-0.4, e^0.4)
 
+#: grpo's ratio clip 1 +- 0.2 in log space
+GRPO_BOUNDS = (-math.log(1 - 0.2), math.log1p(0.2))
+
 METHODS: dict[str, Method] = {
-    "grpo": Method("GRPO, ratio clip 1 ± 0.2", grpo_method),
+    "grpo": Method("GRPO, ratio clip 1 ± 0.2", grpo_method, GRPO_BOUNDS),
     "grpo_wide": Method(
         "GRPO, ratio clip (e^-0.4, e^0.4)",
         lambda lp, old, a, m: grpo_method(
             lp, old, a, m, epsilon=-math.expm1(-WIDE), epsilon_high=math.expm1(WIDE)
         ),
+        (WIDE, WIDE),
     ),
-    "gmpo": Method("GMPO, log-ratio clip ± 0.4", gmpo_method),
+    "gmpo": Method("GMPO, log-ratio clip ± 0.4", gmpo_method, (0.4, 0.4)),
     "gmpo_narrow": Method(
-        "GMPO, log-ratio clip ± 0.2", lambda lp, old, a, m: gmpo_method(lp, old, a, m, epsilon=0.2)
+        "GMPO, log-ratio clip ± 0.2",
+        lambda lp, old, a, m: gmpo_method(lp, old, a, m, epsilon=0.2),
+        (0.2, 0.2),
     ),
     "gmpo_noclip": Method("GMPO without clip", gmpo_noclip_method),
     "gmpo_seqclip": Method("GMPO, sequence-level clip ± 0.4", gmpo_seqclip_method),
 }
+
+
+def resolve(name: str) -> Method:
+    """The method called ``name``: an entry of :data:`METHODS`, or ``module:function`` (an
+    importable module's :class:`Method`, or its function with a method's signature
+    ``(logp, old_logp, advantages, mask) -> (loss, clipped fraction)``: no token clip bounds,
+    so its clipped fraction by side is NaN). A ValueError says what is wrong."""
+    if name in METHODS:
+        return METHODS[name]
+    module, sep, attr = name.partition(":")
+    if not sep:
+        raise ValueError(f"unknown method {name!r}: choose from {list(METHODS)} or module:function")
+    try:
+        obj = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"method {name!r}: {err}") from err
+    if isinstance(obj, Method):
+        return obj
+    if not callable(obj):
+        raise ValueError(f"method {name!r} is neither a Method nor a function")
+    return Method(name, obj)

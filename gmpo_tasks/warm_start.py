@@ -10,9 +10,12 @@ LM with a character tokenizer) share it, and its settings.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from gmpo_tasks.chars import DIGITS
 
 
 class Demonstrating(Protocol):
@@ -25,6 +28,55 @@ class Demonstrating(Protocol):
     def prompts(self, n: int, *, seed: int | str) -> list[str]: ...
 
     def reward(self, prompts: Sequence[str], completions: Sequence[str]) -> list[float]: ...
+
+
+def noisy_demonstrations(
+    prompts: Iterable[str], target: Callable[[str], str], noise: float, rng: random.Random
+) -> list[tuple[str, str]]:
+    """(prompt, completion) pairs: each digit of ``target(prompt)`` replaced, with probability
+    ``noise``, by a uniformly drawn digit (which may be the right one), drawn from ``rng``."""
+    out = []
+    for prompt in prompts:
+        noisy = [rng.choice(DIGITS) if rng.random() < noise else c for c in target(prompt)]
+        out.append((prompt, "".join(noisy)))
+    return out
+
+
+def imitation_reward(noise: float, tokens: int) -> float:
+    """Exact-match reward of a policy that matches such demonstrations, ``tokens`` digits long:
+    each digit right with probability ``1 - noise + noise / 10``."""
+    return (1.0 - noise + noise / len(DIGITS)) ** tokens
+
+
+class NoisyDemonstrations:
+    """A task's noisy demonstrations (and its settings' checks), for a dataclass with ``length``, ``noise``,
+    ``answer_length``, ``prompts(n, seed=...)``, ``target(prompt)`` and ``demo_tag`` (its
+    demonstrations' random stream)."""
+
+    length: int
+    noise: float
+    demo_tag: str
+    target: Callable[[str], str]
+
+    answer_length: int
+    prompts: Callable[..., list[str]]
+
+    def __post_init__(self) -> None:  # the dataclass's checks of its settings
+        if not (isinstance(self.length, int) and self.length >= 1):
+            raise ValueError(f"length must be an integer >= 1, got {self.length!r}")
+        if not 0.0 <= self.noise <= 1.0:
+            raise ValueError(f"noise must be in [0, 1], got {self.noise!r}")
+
+    def demonstrations(self, n: int, *, seed: int | str) -> list[tuple[str, str]]:
+        """``n`` (prompt, noisy completion) pairs for the supervised warm start: each target digit
+        replaced with probability ``noise`` by a uniform digit. The same for the same ``seed``."""
+        rng = random.Random(f"{self.demo_tag}-demos:{self.length}:{self.noise}:{seed}")
+        prompts = self.prompts(n, seed=f"demo:{seed}")
+        return noisy_demonstrations(prompts, self.target, self.noise, rng)
+
+    def expected_warm_reward(self) -> float:
+        """Exact-match reward of a policy that matches the demonstrations' distribution."""
+        return imitation_reward(self.noise, self.answer_length)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@
 #   1. the gpu-marked tests (tests/core/devices/test_gpu.py): the core on CUDA against the float64 reference,
 #      under torch.cuda.set_sync_debug_mode("error") (no host-device synchronization), with KL,
 #      token and row weights, dual clip and packed input (cu_seqlens), both paths, fp32 and bf16;
-#   2. the device-generic core tests (tests/core/test_properties.py, plain path) with
+#   2. the device-generic core tests (tests/core/test_properties*.py, plain path) with
 #      GMPO_TEST_DEVICE=cuda: every property computed on CUDA tensors;
 #   3. the loss benchmark: gmpo plain and compiled, TRL's and verl's GMPO (both transcribed in
 #      benchmarks/_hosts.py) -> results/figures-bench/loss_cuda_fp32.{md,json};
@@ -95,7 +95,7 @@ PY
 step "gpu tests (sync-debug check: padded, packed, KL, weights, dual clip)" "${LIMITS[0]}" \
   $PY -m pytest -q -p no:cacheprovider -m gpu tests/core/devices/test_gpu.py ${SELECT:+-k "$SELECT"}
 step "device-generic core tests on $DEVICE (plain path)" "${LIMITS[1]}" \
-  $PY -m pytest -q -p no:cacheprovider tests/core/test_properties.py -k "not compiled"
+  $PY -m pytest -q -p no:cacheprovider tests/core/test_properties*.py -k "not compiled"
 step "loss benchmark (float32)" "${LIMITS[2]}" \
   $PY benchmarks/bench_loss.py --device "$DEVICE" "${LOSS[@]}"
 step "LM-head benchmark" "${LIMITS[3]}" \

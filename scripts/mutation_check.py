@@ -26,7 +26,7 @@ for name in files:
         shutil.copy2(repo / name, root / name)
 python = sys.executable
 # the float32 property against the reference (values, gradient, every metric), plain path
-P = "tests/core/test_properties.py -k 'matches_reference_float32 and plain'"
+P = "tests/core/test_properties*.py -k 'matches_reference_float32 and plain'"
 M = [
     # (what breaks, file, the exact text, its replacement, the tests that must catch it)
     (
@@ -34,7 +34,7 @@ M = [
         "gmpo_core/_math.py",
         "    pos = adv >= 0\n    one",
         "    pos = adv > 0\n    one",
-        "tests/core/test_hand_cases.py tests/core/test_properties.py -k plain",
+        "tests/core/test_hand_cases.py tests/core/test_properties*.py -k plain",
     ),
     (
         "a token on its bound is cut (minimum splits the gradient at a tie)",
@@ -48,42 +48,42 @@ M = [
         "gmpo_core/_math.py",
         "r = torch.where(valid, logp - b.old_logp.to(dt), 0)",
         "r = (logp - b.old_logp.to(dt)) * mf",
-        "tests/core/test_properties.py -k 'padding_invariance and plain'",
+        "tests/core/test_properties*.py -k 'padding_invariance and plain'",
     ),
     (
         "no n > 0 guard on the policy term (empty rows give -A)",
         "gmpo_core/_math.py",
         "active = (adv != 0) & (n > 0)",
         "active = adv != 0",
-        "tests/core/test_hand_cases.py tests/core/test_properties.py -k plain",
+        "tests/core/test_hand_cases.py tests/core/test_properties*.py -k plain",
     ),
     (
         "no A != 0 guard on the policy term (NaN from A = 0 rows)",
         "gmpo_core/_math.py",
         "active = (adv != 0) & (n > 0)",
         "active = n > 0",
-        "tests/core/test_properties.py -k 'zero_advantage and plain'",
+        "tests/core/test_properties*.py -k 'zero_advantage and plain'",
     ),
     (
         "written gradient not divided by B",
         "gmpo_core/_math.py",
         "to_tokens(policy.detach() / (nf * rows_b), seg)",
         "to_tokens(policy.detach() / nf, seg)",
-        "tests/core/test_properties.py -k 'backward_with_random_upstream and plain'",
+        "tests/core/test_properties*.py -k 'backward_with_random_upstream and plain'",
     ),
     (
         "KL gradient with the wrong sign",
         "gmpo_core/_math.py",
         "grad = grad - em1.detach()",
         "grad = grad + em1.detach()",
-        "tests/core/test_properties.py -k 'plain and (kl or matches_reference)'",
+        "tests/core/test_properties*.py -k 'plain and (kl or matches_reference)'",
     ),
     (
         "dual-clipped tokens counted as eps-clipped",
         "gmpo_core/_math.py",
         "num_clipped_dual=total(at_cap)",
         "num_clipped_dual=total(at_eps)",
-        "tests/core/test_hand_cases.py tests/core/test_properties.py -k plain",
+        "tests/core/test_hand_cases.py tests/core/test_properties*.py -k plain",
     ),
     (
         "A = 0 rows counted as clipped high",
@@ -111,7 +111,7 @@ M = [
         "gmpo_core/_math.py",
         "return valid if w_tok is None else valid & (w_tok != 0)",
         "return valid",
-        "tests/core/test_properties.py -k 'zero_weight and plain' tests/core/test_hand_cases.py",
+        "tests/core/test_properties*.py -k 'zero_weight and plain' tests/core/test_hand_cases.py",
     ),
     (
         "mean over B = 0 rows divides by zero",
@@ -125,7 +125,7 @@ M = [
         "gmpo_core/loss.py",
         "scale = g_ps.to(grad.dtype) * max(len(g_ps), 1)",
         "scale = g_ps.to(grad.dtype)",
-        "tests/core/test_properties.py -k 'backward_with_random_upstream and plain'",
+        "tests/core/test_properties*.py -k 'backward_with_random_upstream and plain'",
     ),
     (
         "backward ignores an upstream gradient of loss other than 1",
@@ -139,7 +139,7 @@ M = [
         "gmpo_core/loss.py",
         "if grad is None or g_lc is not None or torch.is_grad_enabled():",
         "if grad is None or g_lc is not None:",
-        "tests/core/test_properties.py -k 'second_order or penalty'",
+        "tests/core/test_properties*.py -k 'second_order or penalty'",
     ),
     (
         "advantages not detached",

@@ -13,7 +13,7 @@ from gmpo_core import GMPOOutput, gmpo_loss, reference
 from tests.strategies import Batch
 
 #: The device of the core's device-generic tests (those that call :func:`loss_and_grad`, e.g.
-#: tests/core/test_properties.py): ``GMPO_TEST_DEVICE``, default ``cpu``; scripts/gpu.sh sets
+#: tests/core/test_properties*.py): ``GMPO_TEST_DEVICE``, default ``cpu``; scripts/gpu.sh sets
 #: ``cuda``. Inputs are built on the CPU and moved; results come back to the CPU to be compared.
 TEST_DEVICE = torch.device(os.environ.get("GMPO_TEST_DEVICE") or "cpu")
 

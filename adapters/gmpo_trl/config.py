@@ -9,6 +9,7 @@ from typing import Any
 from trl import GRPOConfig
 
 from gmpo_core.options import IMPLS, check_beta, check_hyperparameters, check_impl
+from gmpo_tasks.variants import resolve
 from gmpo_trl.fields import GMPO_FIELDS, OTHER_LOSS_FIELDS
 
 RECIPES = "docs/recipes.md"
@@ -20,7 +21,10 @@ _NAMES = ("epsilon", "epsilon_high", "delta")
 def _option(name: str) -> Any:
     """The dataclass field of one of GMPO's own fields (``gmpo_trl.fields.GMPO_FIELDS``)."""
     option = GMPO_FIELDS[name]
-    return field(default=option.default, metadata={"help": option.help})
+    metadata: dict[str, Any] = {"help": option.help}
+    if option.aliases:
+        metadata["aliases"] = list(option.aliases)
+    return field(default=option.default, metadata=metadata)
 
 
 @dataclass
@@ -47,6 +51,9 @@ class GMPOConfig(GRPOConfig):
     - ``gmpo_lm_head`` (default True): tokens are scored by :func:`gmpo_core.token_logprobs`
       instead of TRL's chunked LM head, for every scoring pass; where it does not apply (a logit
       soft-cap, extra kernel outputs) TRL's head is used and a warning says so once.
+    - ``loss_variant`` (default None): a loss of ``gmpo_tasks.variants`` (a ``METHODS`` name or
+      ``module:function``, resolved by ``gmpo_tasks.variants.resolve``) in place of
+      ``gmpo_core.gmpo_loss``; :func:`check_variant` refuses what it would drop.
     """
 
     epsilon: float = _option("epsilon")
@@ -56,6 +63,7 @@ class GMPOConfig(GRPOConfig):
     use_bias_correction_kl: bool = _option("use_bias_correction_kl")
     gmpo_impl: str = _option("gmpo_impl")
     gmpo_lm_head: bool = _option("gmpo_lm_head")
+    loss_variant: str | None = _option("loss_variant")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -98,3 +106,46 @@ def check_config(args: GRPOConfig) -> None:
     # GRPOTrainer builds whenever beta != 0
     check_beta(args.beta, has_ref_logp=True)
     check_impl(getattr(args, "gmpo_impl", IMPLS[0]), name="gmpo_impl")
+    check_variant(args)
+
+
+def check_variant(args: GRPOConfig) -> None:
+    """``loss_variant``: a loss that resolves, and none of the settings it would silently drop.
+
+    A variant maps ``(logp, old_logp, advantages, mask)`` to ``(loss, clipped fraction)``: its
+    clip range is its own (``epsilon``, ``epsilon_high``, ``delta``), and it has no KL term
+    (``beta``), no importance weights (vLLM's correction) and no ``gmpo_impl``. The masks
+    (entropy, off-policy, tool) reach it as its ``mask``; the host terms (entropy bonus, MoE aux
+    loss) are added to its loss as to GMPO's.
+
+    Raises:
+        ValueError: one line, naming the variant or the field that conflicts with it.
+    """
+    name = getattr(args, "loss_variant", None)
+    if name is None:
+        return
+    try:
+        resolve(name)
+    except ValueError as err:
+        raise ValueError(f"loss_variant: {err}") from err
+    clip = "the variant's clip is its own; remove it"
+    conflicts = {  # field -> (whether it is set, why it does not apply and what to do)
+        "epsilon": (args.epsilon != GMPO_FIELDS["epsilon"].default, clip),
+        "epsilon_high": (args.epsilon_high is not None, clip),
+        "delta": (args.delta is not None, clip),
+        "beta": (args.beta != 0.0, "a variant has no KL term; set beta=0"),
+        "gmpo_impl": (
+            getattr(args, "gmpo_impl", IMPLS[0]) != IMPLS[0],
+            "the variant is its own code; remove it",
+        ),
+        "vllm_importance_sampling_correction": (
+            bool(args.use_vllm and args.vllm_importance_sampling_correction),
+            "a variant takes no importance weights; set it to False with use_vllm",
+        ),
+    }
+    for field_name, (conflict, why) in conflicts.items():
+        if conflict:
+            raise ValueError(
+                f"{field_name}={getattr(args, field_name)!r} does not apply to "
+                f"loss_variant={name!r}: {why}"
+            )

@@ -148,12 +148,14 @@ for _name in _IRRELEVANT:
 class Option:
     """One of ``GMPOConfig``'s own options: its default and help text (the dataclass field's, and
     ``gmpo train --help``'s). ``added``: GRPOConfig has no such field. ``fixed``: GMPO accepts
-    one value only (``--help`` does not list it)."""
+    one value only (``--help`` does not list it). ``aliases``: other option names of the
+    command line (``--variant``)."""
 
     default: object
     help: str
     added: bool = False
     fixed: bool = False
+    aliases: tuple[str, ...] = ()
 
 
 #: The fields ``GMPOConfig`` declares (GRPOConfig's own default and help replaced, or added), in
@@ -189,6 +191,16 @@ GMPO_FIELDS: dict[str, Option] = {
         "measurements). Where it does not apply (a logit soft-cap, extra kernel outputs) TRL's "
         "head is used, with one warning.",
         added=True,
+    ),
+    "loss_variant": Option(
+        None,
+        "A loss variant in place of gmpo_core's loss: a name of gmpo_tasks.variants.METHODS "
+        "(e.g. 'gmpo_narrow') or module:function, (logp, old_logp, advantages, mask) -> (loss, "
+        "clipped fraction). Its clip is its own, so epsilon, epsilon_high, delta, beta, "
+        "gmpo_impl and vLLM's importance-sampling correction are refused with it. Also "
+        "--variant. None: GMPO.",
+        added=True,
+        aliases=("--variant",),
     ),
     "loss_type": Option(
         "gmpo",

@@ -23,7 +23,8 @@ from trl import GRPOConfig, GRPOTrainer
 
 from gmpo_core import gmpo_loss, sequence_kl
 from gmpo_core import metrics as gmpo_metrics
-from gmpo_trl import vllm_cpu
+from gmpo_tasks.variants import Method, resolve
+from gmpo_trl import variant, vllm_cpu
 from gmpo_trl.compat import check_compute_loss, check_liger, forward_keys
 from gmpo_trl.config import GMPOConfig, check_config
 from gmpo_trl.head_swap import lm_head_swapped
@@ -48,6 +49,11 @@ class GMPOTrainer(GRPOTrainer):
     ``region_mean``, ``low_min``, ``high_max`` (over the tokens the policy term reads),
     ``log_ratio/min``, ``log_ratio/max``, ``clip_ratio/dual_mean`` (with ``delta``), ``kl``,
     ``entropy``, and ``policy_loss``, ``entropy_coef``, ``aux_loss`` where GRPOTrainer logs them.
+
+    With ``loss_variant`` (:func:`gmpo_trl.config.check_variant`), the variant's function takes
+    ``gmpo_loss``'s place in the loss step; the metrics are then ``variant/clip_ratio`` (its
+    clipped fraction, a token mean over processes), ``log_ratio/min``, ``log_ratio/max``,
+    ``entropy`` and the host terms' (no ``clip_ratio/*``: the core's clip did not run).
     """
 
     _tag_names: ClassVar[list[str]] = ["trl", "gmpo"]
@@ -69,6 +75,9 @@ class GMPOTrainer(GRPOTrainer):
         check_compute_loss()
         vllm_cpu.prepare(model, args)  # use_vllm: checks and the CPU workaround, before the engine
         super().__init__(model, reward_funcs, args=args, **kwargs)
+        self._variant: Method | None = (
+            None if args.loss_variant is None else resolve(args.loss_variant)
+        )
 
     # ------------------------------------------------------------------------------------------
     # checkpoints: what GRPOTrainer's own files leave out
@@ -191,30 +200,35 @@ class GMPOTrainer(GRPOTrainer):
         ref_logps = inputs.get("ref_per_token_logps") if beta != 0.0 else None
         if beta != 0.0 and ref_logps is None:
             raise ValueError("beta != 0 needs inputs['ref_per_token_logps'] (the reference model)")
-        kl_apart = beta != 0.0 and (entropy_mask is not None or off_policy)
-        out = gmpo_loss(
-            logps,
-            old_logps,
-            advantages,
-            policy_mask,
-            epsilon=self.epsilon_low,
-            epsilon_high=self.epsilon_high,
-            beta=0.0 if kl_apart else beta,
-            ref_logp=None if kl_apart else ref_logps,
-            is_weights=is_weights,
-            dual_clip=self.args.delta,
-            impl=self.args.gmpo_impl,
-        )
-        loss = out.loss
-        kl_sum, kl_count = out.kl_sum, out.stats.num_tokens
-        if kl_apart:
-            kl_mask = mask
-            if is_weights is not None and is_weights.shape == mask.shape:
-                kl_mask = mask & (is_weights != 0)  # token_mask mode: those tokens left the row
-            kl_rows = sequence_kl(logps, ref_logps, kl_mask)  # (B,)
-            loss = (out.per_sequence_loss + beta * kl_rows).mean()
-            n_kl = kl_mask.sum(-1)  # (B,)
-            kl_sum, kl_count = (kl_rows.detach() * n_kl).sum(), n_kl.sum()
+        if self._variant is not None:  # loss_variant: its function in gmpo_loss's place
+            loss, clipped, stats = variant.variant_loss(
+                self._variant, logps, old_logps, advantages, policy_mask
+            )
+        else:
+            kl_apart = beta != 0.0 and (entropy_mask is not None or off_policy)
+            out = gmpo_loss(
+                logps,
+                old_logps,
+                advantages,
+                policy_mask,
+                epsilon=self.epsilon_low,
+                epsilon_high=self.epsilon_high,
+                beta=0.0 if kl_apart else beta,
+                ref_logp=None if kl_apart else ref_logps,
+                is_weights=is_weights,
+                dual_clip=self.args.delta,
+                impl=self.args.gmpo_impl,
+            )
+            loss = out.loss
+            kl_sum, kl_count = out.kl_sum, out.stats.num_tokens
+            if kl_apart:
+                kl_mask = mask
+                if is_weights is not None and is_weights.shape == mask.shape:
+                    kl_mask = mask & (is_weights != 0)  # token_mask mode: those tokens left
+                kl_rows = sequence_kl(logps, ref_logps, kl_mask)  # (B,)
+                loss = (out.per_sequence_loss + beta * kl_rows).mean()
+                n_kl = kl_mask.sum(-1)  # (B,)
+                kl_sum, kl_count = (kl_rows.detach() * n_kl).sum(), n_kl.sum()
         policy_loss = loss.detach()
         loss = loss / accumulation
 
@@ -232,7 +246,11 @@ class GMPOTrainer(GRPOTrainer):
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
             pending["aux_loss"] = self.accelerator.gather_for_metrics(aux_loss).mean()
 
-        host = self._log_gmpo_metrics(out, entropies, mask, kl_sum, kl_count, mode, pending)
+        if self._variant is not None:
+            sums, minima = variant.local_metrics(stats, clipped, entropies, mask)
+            host = self._log_variant_metrics(sums, minima, mode, pending)
+        else:
+            host = self._log_gmpo_metrics(out, entropies, mask, kl_sum, kl_count, mode, pending)
         metrics = self._metrics[mode]
         if world_entropy is not None:
             self._update_entropy_coef(host.pop(_WORLD_ENTROPY))
@@ -325,6 +343,23 @@ class GMPOTrainer(GRPOTrainer):
         values["entropy"] = torch.where(n_ent > 0, ent / n_ent.clamp(min=1), nan)
         if self.beta != 0.0:
             values["kl"] = torch.where(n_kl > 0, kl / n_kl.clamp(min=1), nan)
+        return self._read_metrics(values, pending, mode)
+
+    def _log_variant_metrics(
+        self, sums: Tensor, minima: Tensor, mode: str, pending: dict[str, Tensor]
+    ) -> dict[str, float]:
+        """:meth:`_log_gmpo_metrics` for ``loss_variant``: ``gmpo_trl.variant.local_metrics``'
+        sums and minima, reduced across processes, then read in one sync."""
+        sums = self.accelerator.reduce(sums, reduction="sum")
+        minima = self.accelerator.gather(minima.unsqueeze(0)).amin(0)
+        return self._read_metrics(variant.metrics(sums, minima), pending, mode)
+
+    def _read_metrics(
+        self, values: dict[str, Tensor], pending: dict[str, Tensor], mode: str
+    ) -> dict[str, float]:
+        """Read ``values`` and ``pending`` (0-d tensors) in one host sync; log ``values``,
+        return ``pending`` as floats."""
+        f64 = torch.float64
         tensors = [*values.values(), *pending.values()]
         read = torch.stack([v.to(f64).reshape(()) for v in tensors]).tolist()  # the one sync
         host = dict(zip([*values, *pending], read, strict=True))

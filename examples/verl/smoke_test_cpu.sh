@@ -7,8 +7,9 @@
 # says nothing about speed or learning: the rollout is a small Hugging Face sampler, not vLLM.
 #
 # Needs a clone of this repository with `make setup` (or `pip install -e ".[verl]"`): the pieces
-# verl 0.9.1 lacks on CPU (a CPU platform, plain gloo, the small rollout server) are the test
-# support in tests/verl/, loaded in every Ray process through VERL_USE_EXTERNAL_MODULES.
+# verl 0.9.1 lacks on CPU (a CPU platform, plain gloo, the small rollout server) are this
+# repository's CPU support in verl_cpu/, loaded in every Ray process through
+# VERL_USE_EXTERNAL_MODULES.
 #
 # Usage (Python from $PYTHON, else the clone's .venv, else python3):
 #   bash examples/verl/smoke_test_cpu.sh
@@ -35,7 +36,7 @@ fi
 WORKDIR=${WORKDIR:-$(mktemp -d -t gmpo_smoke.XXXXXX)}
 mkdir -p "$WORKDIR"
 STEPS=${STEPS:-3}
-support() { PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m examples.verl.cpu.e2e "$@"; }
+support() { PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m verl_cpu.e2e "$@"; }
 
 user=("$@")
 if [ ${#user[@]} -eq 0 ]; then  # the tiny task: model, tokenizer, data and reward built here

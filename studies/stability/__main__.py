@@ -36,11 +36,19 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, NoReturn
 
-from gmpo_tasks.rules import DROP, WINDOW, collapse
-from studies.stability.methods import METHODS, fingerprint
+from gmpo_tasks.rules import DROP, WINDOW, collapse, failed
+from studies.stability.methods import METHODS, fingerprint, resolve
 from studies.stability.plot import plot
 from studies.stability.report import tables
-from studies.stability.run import Setup, code_fingerprint, init_worker, run_job, warm_job
+from studies.stability.run import (
+    TASK_SETUPS,
+    TASKS,
+    Setup,
+    code_fingerprint,
+    init_worker,
+    run_job,
+    warm_job,
+)
 
 # the learning rates in run order: the stress point first, then outward (a sweep cut short has
 # whole learning rates, the most informative first)
@@ -48,6 +56,11 @@ FULL = {"methods": ",".join(METHODS), "lr": "5e-3,2e-3,1e-2,1e-3", "grad_clip": 
         "seeds": "0,1,2,3,4", "steps": 100}  # fmt: skip
 QUICK = {"methods": "grpo,gmpo", "lr": "5e-3", "grad_clip": "none", "seeds": "0,1", "steps": 6}
 QUICK_SETUP = {"length": 6, "warm_steps": 40, "prompts": 8, "minibatches": 4}
+QUICK_LENGTH = {"reverse": 6, "add": 3}
+#: a run's mechanism metrics (docs/study_plan.md): each a mean over steps 1-20 and over all steps
+#: (spread: q99 - q01 at each step)
+MECHANISM = ("q01", "q05", "q95", "q99", "spread", "seq_range", "clip_low", "clip_high", "entropy")
+FIRST = 20
 
 
 class _Parser(argparse.ArgumentParser):
@@ -91,7 +104,12 @@ def _list(option: str, text: str, kind: str) -> list[Any]:
 def parse(argv: list[str]) -> argparse.Namespace:
     """The options, checked: a refusal is one line on stderr and exit status 2, before any work."""
     p = _Parser(prog="python -m studies.stability", description=__doc__.split("\n\n")[0])
-    p.add_argument("--methods", help=f"comma list of {', '.join(METHODS)} (default: all)")
+    p.add_argument("--task", default="reverse", choices=list(TASKS),
+                   help="the task (default reverse)")  # fmt: skip
+    p.add_argument("--methods", help=f"comma list of {', '.join(METHODS)} or module:function "
+                   "(a method defined elsewhere; default: all built-in)")  # fmt: skip
+    p.add_argument("--setup", default="", help="comma list of key=value overrides of the run "
+                   "setup (studies/stability/run.py Setup), e.g. beta2=0.99,tied=false")  # fmt: skip
     p.add_argument("--lr", help=f"comma list of learning rates (default {FULL['lr']})")
     p.add_argument("--grad-clip", help="comma list of max gradient norms (> 0), 'none' for no "
                    f"clipping (default {FULL['grad_clip']})")  # fmt: skip
@@ -114,17 +132,53 @@ def parse(argv: list[str]) -> argparse.Namespace:
         if value < 1:
             p.error(f"{option}: must be at least 1, got {value}")
     args.methods = [m.strip() for m in args.methods.split(",")]
-    unknown = [m for m in args.methods if m not in METHODS]
-    if unknown:
-        p.error(f"--methods: unknown {unknown}; choose from {list(METHODS)}")
+    for m in args.methods:
+        try:
+            resolve(m)
+        except ValueError as e:
+            p.error(f"--methods: {e}")
     try:
+        args.setup = setup_overrides(args.setup)
         args.methods = _list("--methods", ",".join(args.methods), "method")
         args.lr = _list("--lr", args.lr, "lr")
         args.grad_clip = _list("--grad-clip", args.grad_clip, "clip")
         args.seeds = _list("--seeds", args.seeds, "int")
     except ValueError as e:
         p.error(str(e))
+    try:
+        make_setup(args)
+    except (TypeError, ValueError) as e:
+        p.error(f"--setup: {e}")
     return args
+
+
+def setup_overrides(text: str) -> dict[str, Any]:
+    """``key=value,...`` as Setup fields, each parsed as its field's type; a ValueError names
+    the bad one."""
+    kinds = {f.name: f.type for f in dataclasses.fields(Setup)}
+    out: dict[str, Any] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or key not in kinds or key == "task_name":
+            raise ValueError(f"--setup: {item!r} is not key=value with a key of {list(kinds)[1:]}")
+        kind = kinds[key]
+        if kind == "bool":
+            if value.lower() not in ("true", "false"):
+                raise ValueError(f"--setup: {key} takes true or false, got {value!r}")
+            out[key] = value.lower() == "true"
+        else:
+            try:
+                out[key] = int(value) if kind == "int" else float(value)
+            except ValueError:
+                raise ValueError(f"--setup: {key} takes a number, got {value!r}") from None
+    return out
+
+
+def make_setup(args: argparse.Namespace) -> Setup:
+    """The run setup of the options: the task's own settings, then --quick's, then --setup's."""
+    quick = {**QUICK_SETUP, "length": QUICK_LENGTH[args.task]} if args.quick else {}
+    fields = {**TASK_SETUPS[args.task], **quick, **args.setup}
+    return Setup(task_name=args.task, steps=args.steps, **fields)
 
 
 def run_name(method: str, lr: float, clip: float | None, seed: int) -> str:
@@ -163,7 +217,21 @@ def record(job: tuple[str, float, float | None, int], warm: dict[str, Any],
         "entropy_start": c["entropy"][0], "entropy_end": statistics.fmean(c["entropy"][-k:]),
         "clipped_fraction_mean": statistics.fmean(c["clipped_fraction"]),
         "skipped_updates": int(sum(c["skipped"])), "cpu_s": result["cpu_s"],
+        "failed": failed(c["reward"], float(warm["reward"])),
+        **mechanism(c),
     }  # fmt: skip
+
+
+def mechanism(c: dict[str, list[float]]) -> dict[str, float]:
+    """A run's :data:`MECHANISM` metrics: ``<name>_first20`` (the mean over steps 1-20) and
+    ``<name>_all`` (over every step)."""
+    per_step = {k: c[k] for k in MECHANISM if k != "spread"}
+    per_step["spread"] = [b - a for a, b in zip(c["q01"], c["q99"], strict=True)]
+    out = {}
+    for k in MECHANISM:
+        out[f"{k}_first{FIRST}"] = statistics.fmean(per_step[k][:FIRST])
+        out[f"{k}_all"] = statistics.fmean(per_step[k])
+    return out
 
 
 class Invocation:
@@ -248,11 +316,11 @@ def sweep(args: argparse.Namespace, setup: Setup) -> tuple[list[Any], dict[int, 
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
-    setup = Setup(steps=args.steps, **(QUICK_SETUP if args.quick else {}))
+    setup = make_setup(args)
     wall0, load0 = time.time(), os.getloadavg()
     runs, warm, spent = sweep(args, setup)
     wall = time.time() - wall0
-    records = [record(j, warm[j[3]], res) for j, res in runs]
+    records = [{"task": setup.task_name, **record(j, warm[j[3]], res)} for j, res in runs]
     curves = [{"method": j[0], "lr": j[1], "grad_clip": j[2], "seed": j[3],
                "curves": {k: [float(f"{x:.4g}") for x in v] for k, v in res["curves"].items()}}
               for j, res in runs]  # fmt: skip
@@ -268,7 +336,7 @@ def main(argv: list[str]) -> int:
     cpu_warm = sum(w["cpu_s"] for w in warm.values())
     command = shlex.join(["python", "-m", "studies.stability", *argv])
     head = [
-        "# Stability study: GRPO against GMPO on reversing digits", "",
+        f"# Stability study: GRPO against GMPO on the {setup.task_name} task", "",
         f"Command: `{command}`", "",
         f"Setup: `{json.dumps(dataclasses.asdict(setup))}`; collapse rule: final {WINDOW}-step "
         f"mean reward at least {DROP} below the best {WINDOW}-step mean.", "",

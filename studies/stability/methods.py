@@ -1,5 +1,6 @@
 """The stability study's methods: :data:`METHODS`, the loss variants of
-:mod:`gmpo_tasks.variants` by name (``--methods`` takes these names), and the
+:mod:`gmpo_tasks.variants` by name (``--methods`` takes these names, or ``module:function`` for
+a method defined elsewhere: ``gmpo_tasks.variants.resolve``), and the
 :func:`fingerprint` of each method's definition, under which its runs are cached (after a change
 to a method, a rerun recomputes its runs). To study a variant, add it to
 ``gmpo_tasks.variants.METHODS`` (docs/contributing.md)."""
@@ -13,9 +14,9 @@ import sys
 import types
 from typing import Any
 
-from gmpo_tasks.variants import METHODS, Method
+from gmpo_tasks.variants import METHODS, Method, resolve
 
-__all__ = ["METHODS", "Method", "fingerprint"]
+__all__ = ["METHODS", "Method", "fingerprint", "resolve"]
 
 
 _PLAIN = (int, float, complex, str, bytes, bool, type(None))
@@ -68,9 +69,9 @@ def _names(code: types.CodeType) -> list[str]:
 
 
 def fingerprint(name: str) -> str:
-    """sha256 of the definition of ``METHODS[name]``'s loss: its source, its parameters
+    """sha256 of the definition of ``resolve(name)``'s loss: its source, its parameters
     (defaults, closure, ``functools.partial`` arguments) and every function and constant it
     reads, recursively (not the label, which changes no run). The same in every process."""
     out: list[str] = []
-    _describe(METHODS[name].loss, set(), out)
+    _describe(resolve(name).loss, set(), out)
     return hashlib.sha256("\0".join(out).encode()).hexdigest()

@@ -1,6 +1,8 @@
 """The stability study's policy: a tiny causal transformer with a KV cache, in plain torch.
 
-Pre-LayerNorm blocks, learned positions, tied input and output embeddings. ``sample`` draws
+Pre-LayerNorm blocks, learned positions, tied input and output embeddings initialized
+N(0, 0.02) (``tied=False``: an output layer of its own with a bias, and PyTorch's default
+initialization, N(0, 1) embeddings: the other model of docs/study.md's regime question). ``sample`` draws
 completions token by token from the cache (temperature 1) and returns the sampled tokens'
 log-probs and the policy's entropy at each position; ``completion_logps`` recomputes the
 log-probs of given completions with one causal forward (what the loss is built on).
@@ -42,18 +44,20 @@ class Block(nn.Module):
 
 
 class TinyLM(nn.Module):
-    """``layers`` blocks of width ``d`` with ``heads`` heads over ``vocab`` tokens."""
+    """``layers`` blocks of width ``d`` with ``heads`` heads over ``vocab`` tokens; the output
+    layer tied to the token embeddings (``tied``) or its own."""
 
-    def __init__(
-        self, vocab: int = 16, d: int = 64, heads: int = 4, layers: int = 2, max_len: int = 64
-    ) -> None:
+    def __init__(self, vocab: int = 16, d: int = 64, heads: int = 4, layers: int = 2,
+                 max_len: int = 64, tied: bool = True) -> None:  # fmt: skip
         super().__init__()
         self.tok = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(max_len, d)
         self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
         self.ln = nn.LayerNorm(d)
-        nn.init.normal_(self.tok.weight, std=0.02)
-        nn.init.normal_(self.pos.weight, std=0.02)
+        self.head = None if tied else nn.Linear(d, vocab)
+        if tied:
+            nn.init.normal_(self.tok.weight, std=0.02)
+            nn.init.normal_(self.pos.weight, std=0.02)
 
     def forward(self, ids: Tensor, cache: Cache | None = None) -> tuple[Tensor, Cache]:
         """Logits (B, t, V) of the next token at each of the t new positions, and the new cache."""
@@ -63,7 +67,8 @@ class TinyLM(nn.Module):
         for i, block in enumerate(self.blocks):
             x, k, v = block(x, None if cache is None else cache[i])
             new.append((k, v))
-        return self.ln(x) @ self.tok.weight.T, new
+        x = self.ln(x)
+        return (x @ self.tok.weight.T if self.head is None else self.head(x)), new
 
 
 class Sample(NamedTuple):

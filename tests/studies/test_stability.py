@@ -101,6 +101,15 @@ REFUSED = {  # id: (arguments, the option the refusal names)
     "lr 0": (["--lr", "0"], "--lr"),
     "lr empty item": (["--lr", "5e-3,"], "--lr"),
     "seeds abc": (["--seeds", "0,x"], "--seeds"),
+    "setup unknown key": (["--setup", "nope=1"], "--setup"),
+    "setup task_name": (["--setup", "task_name=add"], "--setup"),
+    "setup bad bool": (["--setup", "tied=maybe"], "--setup"),
+    "setup bad number": (["--setup", "beta2=x"], "--setup"),
+    "setup beta2 1": (["--setup", "beta2=1"], "--setup"),
+    "setup noise 2": (["--setup", "noise=2"], "--setup"),
+    "method no module": (["--methods", "no_such_module_x:f"], "--methods"),
+    "method no function": (["--methods", "gmpo_tasks.variants:nope"], "--methods"),
+    "method unknown": (["--methods", "gmpo_wider"], "--methods"),
 }  # fmt: skip
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gmpo_tasks import reverse
+from gmpo_tasks import chars, reverse
 from gmpo_tasks.reverse import ReverseTask
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,10 +72,10 @@ def test_demonstrations_are_seeded_and_noisy_at_the_stated_rate() -> None:
 
 
 def test_encode_decode_and_bad_settings() -> None:
-    assert len(reverse.VOCAB) == 16
-    assert reverse.decode(reverse.encode("0912=abc")) == "0912=abc"
+    assert len(chars.VOCAB) == 16 and chars.VOCAB[:12] == "0123456789=+"
+    assert chars.decode(chars.encode("0912=+abc")) == "0912=+abc"
     with pytest.raises(ValueError, match="vocabulary"):
-        reverse.encode("12x")
+        chars.encode("12x")
     with pytest.raises(ValueError, match="length"):
         ReverseTask(length=0)
     with pytest.raises(ValueError, match="noise"):

@@ -120,6 +120,12 @@ def test_reward_and_dataset_options(tmp_path, monkeypatch):
         # gmpo compare ignored it (trained from step 1)
         (["compare", "--resume_from_checkpoint", "true"],
          "--resume_from_checkpoint: gmpo compare does not resume"),
+        # issue 27: a loss variant that does not resolve, or a setting it would drop
+        (["compare", "--variant", "nope"], "loss_variant: unknown method 'nope': choose from"),
+        (["train", "--loss_variant", "no_such_module_xyz:f"],
+         "loss_variant: method 'no_such_module_xyz:f': No module named 'no_such_module_xyz'"),
+        (["compare", "--variant", "gmpo_narrow", "--beta", "0.04"],
+         "beta=0.04 does not apply to loss_variant='gmpo_narrow': a variant has no KL term"),
         # issue 25, defect 12: YAML values of the wrong shape
         (["train", "--config", "list.yaml"],
          "--config 'list.yaml': --max_steps must be one int, got [1, 2]"),

@@ -60,7 +60,7 @@ def test_help_defaults_are_gmpoconfigs():
     from gmpo_trl import GMPOConfig
     from gmpo_trl.cli.defaults import COMMON_TRL_OPTIONS
     from gmpo_trl.cli.help import short_help
-    from gmpo_trl.fields import GMPO_FIELDS as OPTIONS
+    from gmpo_trl.fields import GMPO_FIELDS
 
     declared = {f.name: f for f in dataclasses.fields(GMPOConfig)}
     for name, (_, default, _) in COMMON_TRL_OPTIONS.items():
@@ -69,10 +69,12 @@ def test_help_defaults_are_gmpoconfigs():
     # bf16 and use_cpu: decided at run time (test_no_accelerator_means_cpu)
     assert declared["bf16"].default is None and declared["use_cpu"].default is False
     text = " ".join(short_help("train").split())
-    shown = [name for name, option in OPTIONS.items() if not option.fixed]
-    assert shown == ["epsilon", "epsilon_high", "delta", "gmpo_impl", "gmpo_lm_head"]
+    shown = [name for name, option in GMPO_FIELDS.items() if not option.fixed]
+    assert shown == ["epsilon", "epsilon_high", "delta", "gmpo_impl", "gmpo_lm_head",
+                     "loss_variant"]  # fmt: skip
     said = {"epsilon": " Default: 0.4.", "epsilon_high": "", "delta": "",
-            "gmpo_impl": " Default: 'plain'.", "gmpo_lm_head": " Default: true."}  # fmt: skip
+            "gmpo_impl": " Default: 'plain'.", "gmpo_lm_head": " Default: true.",
+            "loss_variant": ""}  # fmt: skip
     for name in shown:  # GMPOConfig's help text and default, as --help shows them
         assert f"--{name} X {declared[name].metadata['help']}{said[name]}" in text, name
     assert declared["gmpo_lm_head"].default is True and declared["gmpo_impl"].default == "plain"
@@ -306,14 +308,14 @@ def test_compare_gmpo_only_options_reach_gmpo_only(tmp_path):
 
     from gmpo_trl.cli.compare import configs
     from gmpo_trl.cli.parsing import parse
-    from gmpo_trl.fields import GMPO_FIELDS as OPTIONS
+    from gmpo_trl.fields import GMPO_FIELDS
 
     (tmp_path / "run.yaml").write_text("gmpo_impl: compiled\n")
     argv = ["--config", str(tmp_path / "run.yaml"), "--gmpo_lm_head", "false", "--output_dir",
             str(tmp_path / "out")]  # fmt: skip
     grpo, gmpo = configs(parse("compare", argv))
     assert (gmpo.gmpo_impl, gmpo.gmpo_lm_head) == ("compiled", False)
-    assert not any(hasattr(grpo, name) for name, o in OPTIONS.items() if o.added)
+    assert not any(hasattr(grpo, name) for name, o in GMPO_FIELDS.items() if o.added)
     grpo_defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
     assert grpo.use_bias_correction_kl is grpo_defaults["use_bias_correction_kl"] is True
     assert (grpo.epsilon, grpo.epsilon_high, grpo.delta) == (0.2, None, None)

@@ -29,13 +29,13 @@ def no_entry_points() -> str | None:
 
 
 def no_cpu_platform() -> str | None:
-    """examples/verl/cpu/cpu_support.py registers a CPU platform in ``verl.plugin.platform`` (verl 0.9);
+    """verl_cpu/cpu_support.py registers a CPU platform in ``verl.plugin.platform`` (verl 0.9);
     verl 0.8 has no platform registry."""
     if importlib.util.find_spec("verl.plugin") is not None:
         return None
     return (
         f"{_verl()} has no verl.plugin.platform (the platform registry in which the CPU test "
-        "harness examples/verl/cpu/cpu_support.py registers a CPU platform; verl 0.9 has it)"
+        "harness verl_cpu/cpu_support.py registers a CPU platform; verl 0.9 has it)"
     )
 
 
@@ -51,7 +51,7 @@ def no_loss_agg_mode(mode: str) -> str | None:
 
 
 def no_v1_trainer() -> str | None:
-    """The end-to-end harness (examples/verl/cpu/e2e.py) sets ``trainer.use_v1``, verl 0.9's switch
+    """The end-to-end harness (verl_cpu/e2e.py) sets ``trainer.use_v1``, verl 0.9's switch
     between its two trainers; verl 0.8's trainer config has no such key."""
     spec = importlib.util.find_spec("verl")
     assert spec is not None and spec.origin is not None
@@ -60,5 +60,5 @@ def no_v1_trainer() -> str | None:
         return None
     return (
         f"{_verl()}'s trainer config has no trainer.use_v1 (verl 0.9's choice of trainer, which "
-        "the end-to-end harness examples/verl/cpu/e2e.py sets)"
+        "the end-to-end harness verl_cpu/e2e.py sets)"
     )

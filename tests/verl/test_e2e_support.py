@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from examples.verl.cpu import e2e as _e2e
 from tests.verl import _versions
+from verl_cpu import e2e as _e2e
 
 SCRIPT = _e2e.REPO / "examples" / "verl" / "smoke_test_cpu.sh"
 
@@ -42,7 +42,7 @@ def test_step_metrics_parses_the_console_lines() -> None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "examples.verl.cpu.e2e", *args], capture_output=True, text=True,
+        [sys.executable, "-m", "verl_cpu.e2e", *args], capture_output=True, text=True,
         timeout=120, cwd=_e2e.REPO,
         env=os.environ | {"PYTHONPATH": str(_e2e.REPO)},
     )  # fmt: skip
@@ -93,7 +93,7 @@ def test_cpu_support_names_the_verl_internal_that_moved() -> None:
     if (reason := _versions.no_cpu_platform()) is not None:
         pytest.skip(reason)
     code = (
-        "from examples.verl.cpu.cpu_support import VerlMovedError, _require\n"
+        "from verl_cpu.cpu_support import VerlMovedError, _require\n"
         "try:\n    _require('verl.utils.distributed', 'no_such_function')\n"
         "except VerlMovedError as e:\n    print(e)\n"
         "try:\n    _require('verl.no_such_module', 'x')\n"

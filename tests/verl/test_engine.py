@@ -24,8 +24,8 @@ import pytest
 pytest.importorskip("verl")
 pytest.importorskip("transformers")
 
-from examples.verl.cpu import e2e as _e2e
 from tests.verl import _versions
+from verl_cpu import e2e as _e2e
 
 if (_missing := _versions.no_cpu_platform()) is not None:
     pytest.skip(_missing, allow_module_level=True)

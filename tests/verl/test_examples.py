@@ -16,7 +16,7 @@ pytest.importorskip("verl")
 
 from verl.utils.config import omega_conf_to_dataclass
 
-from examples.verl.cpu import e2e as _e2e
+from verl_cpu import e2e as _e2e
 
 pytestmark = pytest.mark.verl
 

@@ -26,8 +26,8 @@ import pytest
 pytest.importorskip("verl")
 pytest.importorskip("ray")
 
-from examples.verl.cpu import e2e as _e2e
 from tests.verl import _versions
+from verl_cpu import e2e as _e2e
 
 if (_missing := _versions.no_cpu_platform() or _versions.no_v1_trainer()) is not None:
     pytest.skip(_missing, allow_module_level=True)

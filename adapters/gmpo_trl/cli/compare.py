@@ -44,6 +44,16 @@ def configs(parsed: Parsed) -> tuple[Any, Any]:
     return grpo, gmpo
 
 
+def gmpo_settings(config: Any) -> str:
+    """What ran as GMPO: its log-space clip, or the loss variant (``loss_variant``) by name and
+    label."""
+    if config.loss_variant is None:
+        return f"log-space clip [-{config.epsilon}, {config.epsilon_high or config.epsilon}]"
+    from gmpo_tasks.variants import resolve
+
+    return f"loss variant {config.loss_variant!r} ({resolve(config.loss_variant).label})"
+
+
 def main(parsed: Parsed) -> Path:
     """``gmpo compare``: GRPO, then GMPO, on each seed; returns the output directory."""
     from gmpo_trl import GMPOTrainer
@@ -57,6 +67,7 @@ def main(parsed: Parsed) -> Path:
     runs: dict[str, list[list[dict[str, Any]]]] = {"GRPO": [], "GMPO": []}
     summaries: dict[str, list[dict[str, Any]]] = {"GRPO": [], "GMPO": []}
     bounds = {"GRPO": log_clip_range(grpo_config), "GMPO": log_clip_range(gmpo_config)}
+    gmpo_side, variant = gmpo_settings(gmpo_config), gmpo_config.loss_variant
     for k in range(script.seeds):
         seed = first_seed + k
         for name, config, cls in (
@@ -65,7 +76,8 @@ def main(parsed: Parsed) -> Path:
         ):
             config.seed = seed
             config.output_dir = str(base / name.lower() / f"seed{seed}")
-            done = run(script, config, cls, f"gmpo compare ({name}, seed {seed})")
+            what = name if name == "GRPO" or variant is None else f"GMPO variant {variant}"
+            done = run(script, config, cls, f"gmpo compare ({what}, seed {seed})")
             stop_if_interrupted(done, config.output_dir)  # its run's outputs; no compare table
             runs[name].append(done.rows)
             summaries[name].append(done.summary)
@@ -74,8 +86,7 @@ def main(parsed: Parsed) -> Path:
     task = script.task if script.model is None else f"{script.task} (model {script.model})"
     settings = (
         f"task {task}; GRPO: loss_type='grpo', ratio clip [1 - {grpo_config.epsilon}, 1 + "
-        f"{grpo_config.epsilon}]; GMPO: log-space clip [-{gmpo_config.epsilon}, "
-        f"{gmpo_config.epsilon_high or gmpo_config.epsilon}]; "
+        f"{grpo_config.epsilon}]; GMPO: {gmpo_side}; "
         f"num_iterations={gmpo_config.num_iterations}, "
         f"steps_per_generation={gmpo_config.steps_per_generation}, "
         f"max_steps={gmpo_config.max_steps}, seeds {first_seed}..{first_seed + script.seeds - 1}"
@@ -92,8 +103,9 @@ def main(parsed: Parsed) -> Path:
     )
     (base / "summary.md").write_text(f"{settings}\n\n{table}\n\n{note}\n")
     (base / "summary.json").write_text(
-        json.dumps({"settings": settings, "aggregate": agg, "runs": summaries}, indent=1) + "\n"
-    )
+        json.dumps(dict(settings=settings, variant=variant, aggregate=agg, runs=summaries),
+                   indent=1) + "\n"
+    )  # fmt: skip
     print(f"\n{settings}\n\n{table}\n\n{note}\n")
     print(f"gmpo compare: plot in {base / 'compare.png'}, table in {base / 'summary.md'}")
     return base

@@ -11,9 +11,16 @@ from typing import Any
 from gmpo_trl.cli.reports import series
 
 
-def log_clip_range(config: Any) -> tuple[float, float]:
+def log_clip_range(config: Any) -> tuple[float, float] | None:
     """The clip range of a run in log space: GMPO's (-epsilon, epsilon_high); GRPO's ratio
-    range (1 - epsilon, 1 + epsilon_high) as log(1 - epsilon), log(1 + epsilon_high)."""
+    range (1 - epsilon, 1 + epsilon_high) as log(1 - epsilon), log(1 + epsilon_high); a loss
+    variant's ``bounds`` (``gmpo_tasks.variants.Method``), None where it has none."""
+    variant = getattr(config, "loss_variant", None)
+    if variant is not None:
+        from gmpo_tasks.variants import resolve
+
+        bounds = resolve(variant).bounds
+        return None if bounds is None else (-bounds[0], bounds[1])
     eps = float(config.epsilon)
     high = float(config.epsilon_high if config.epsilon_high is not None else eps)
     if getattr(config, "loss_type", "gmpo") == "gmpo":
@@ -70,6 +77,7 @@ def plot_training(
     for key, color, marker in (
         ("clip_ratio/low_mean", "tab:blue", "v"),
         ("clip_ratio/high_mean", "tab:red", "^"),
+        ("variant/clip_ratio", "tab:green", "o"),  # a loss variant's own (loss_variant)
     ):
         steps, values = series(rows, key)
         if steps:
@@ -103,7 +111,7 @@ def _band(runs: list[list[dict[str, Any]]], key: str) -> tuple[list[int], list[f
 def plot_compare(
     runs: dict[str, list[list[dict[str, Any]]]],
     path: Path,
-    bounds: dict[str, tuple[float, float]] | None = None,
+    bounds: dict[str, tuple[float, float] | None] | None = None,
 ) -> None:
     """The reward of each method (mean over seeds, ± one standard deviation shaded), and per
     method the token log-ratio range at off-policy steps (the per-step min and max, mean over

@@ -68,7 +68,8 @@ def run_summary(rows: list[dict[str, Any]], global_step: int) -> dict[str, Any]:
             log_ratio_max=max(hi),
             log_ratio_width_mean=statistics.fmean(h - m for m, h in zip(lo, hi, strict=True)),
         )
-    for key in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"):
+    clips = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean")
+    for key in (*clips, "variant/clip_ratio"):  # the last: a loss variant's (loss_variant)
         _, v = series(rows, key)
         if v:
             out[key.replace("/", "_") + "_max"] = max(v)
@@ -109,6 +110,7 @@ COMPARE_COLUMNS = (
     ("log_ratio_max", "log-ratio max"),
     ("log_ratio_width_mean", "mean step width"),
     ("clip_ratio_region_mean_max", "max clipped fraction"),
+    ("variant_clip_ratio_max", "max clipped fraction (variant)"),
 )
 
 

@@ -1,9 +1,9 @@
 """verl's trainer on CPU, for ``smoke_test_cpu.sh``, ``tests/verl/test_main_ppo.py`` and
-``scripts/verl_cpu.py`` alike: the files a user would bring to
+``verl_cpu/figures.py`` alike: the files a user would bring to
 ``python -m verl.trainer.main_ppo`` (a tiny Qwen2 model, its tokenizer, parquet data, a reward
 function file), the CPU overrides, and a parser for the trainer's console step lines.
 
-Also a command line for ``examples/verl/smoke_test_cpu.sh``: ``python -m examples.verl.cpu.e2e
+Also a command line for ``examples/verl/smoke_test_cpu.sh``: ``python -m verl_cpu.e2e
 prepare DIR | smoke-overrides | cpu-overrides | env``.
 
 The task is ``successor``'s (``gmpo_tasks.successor``): the prompt is ``d=``, the answer ``d+1 mod 10``.
@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[3]
-SUPPORT_MODULE = "examples.verl.cpu.cpu_support"
+REPO = Path(__file__).resolve().parents[1]
+SUPPORT_MODULE = "verl_cpu.cpu_support"
 ENGINE_WORKER = Path(__file__).with_name("engine_worker.py")
 # the tokenizer: characters, plus what verl's Qwen continuous-token builder needs ("\n" as one
 # token and <|im_end|>); a Qwen-style chat template
@@ -168,7 +168,7 @@ def smoke_overrides(steps: int = 3) -> list[str]:
     ]
 
 
-#: What verl 0.9.1 needs on a CPU (with :mod:`examples.verl.cpu.cpu_support` loaded, see
+#: What verl 0.9.1 needs on a CPU (with :mod:`verl_cpu.cpu_support` loaded, see
 #: :func:`environment`); on GPUs none of these is needed (docs/verl.md says what differs).
 CPU_OVERRIDES = (
     "trainer.device=cpu",
@@ -183,7 +183,7 @@ CPU_OVERRIDES = (
     "actor_rollout_ref.actor.fsdp_config.use_torch_compile=False",
     "actor_rollout_ref.model.use_remove_padding=False",  # needs flash-attn
     "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-    "actor_rollout_ref.rollout.name=hf",  # examples/verl/cpu/hf_rollout.py, not vLLM
+    "actor_rollout_ref.rollout.name=hf",  # verl_cpu/hf_rollout.py, not vLLM
     "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
     "actor_rollout_ref.rollout.calculate_log_probs=True",  # training/rollout_probs_diff_*
     "actor_rollout_ref.rollout.checkpoint_engine.backend=naive",

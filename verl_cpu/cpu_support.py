@@ -1,9 +1,9 @@
-"""verl 0.9.1 on a CPU-only machine (the smoke test, the tests and scripts/verl_cpu.py). Not
+"""verl 0.9.1 on a CPU-only machine (the smoke test, the tests and verl_cpu/figures.py). Not
 part of the shipped package.
 
 Import it before verl resolves its platform, in every process: ``torchrun`` scripts import it
 first thing; ``python -m verl.trainer.main_ppo`` gets it through
-``VERL_USE_EXTERNAL_MODULES=examples.verl.cpu.cpu_support`` (verl imports those modules on
+``VERL_USE_EXTERNAL_MODULES=verl_cpu.cpu_support`` (verl imports those modules on
 ``import verl``, in the driver and in every Ray worker, which inherit the environment), with
 ``VERL_PLATFORM=cpu`` and ``VERL_ENGINE_DEVICE=cuda``. It
 
@@ -12,7 +12,7 @@ first thing; ``python -m verl.trainer.main_ppo`` gets it through
   verl's resource check counts only GPUs and NPUs;
 - makes ``initialize_global_process_group_ray`` ask for plain ``gloo`` (verl builds
   ``"cpu:gloo,<device>:<backend>"``, a duplicate device type on CPU);
-- registers the ``hf`` rollout (:mod:`examples.verl.cpu.hf_rollout`) in verl's two rollout registries.
+- registers the ``hf`` rollout (:mod:`verl_cpu.hf_rollout`) in verl's two rollout registries.
 
 Every patch checks that the verl internal it touches is still there and raises
 :class:`VerlMovedError` naming it otherwise.
@@ -36,7 +36,7 @@ def _require(module_name: str, attribute: str) -> Any:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise VerlMovedError(
-            f"tests/verl CPU support: cannot import {module_name}: {error}"
+            f"verl_cpu (verl CPU support): cannot import {module_name}: {error}"
         ) from error
     if not hasattr(module, attribute):
         raise VerlMovedError(

@@ -11,7 +11,7 @@ build of vLLM fits the pins. This module is the smallest server verl's agent loo
   it sends them to the server;
 - :class:`HFReplica`, verl's ``RolloutReplica`` that starts one server per replica (hybrid mode).
 
-:mod:`examples.verl.cpu.cpu_support` registers them as ``actor_rollout_ref.rollout.name=hf``. The
+:mod:`verl_cpu.cpu_support` registers them as ``actor_rollout_ref.rollout.name=hf``. The
 server prints one line per weight sync (``hf rollout: weights synced ...``) for the tests.
 """
 

@@ -1,5 +1,5 @@
 """One actor update through verl's real training stack on CPU; run by ``torchrun`` from
-``tests/verl/test_engine.py`` and ``scripts/verl_cpu.py`` (1 or 2 processes, gloo).
+``tests/verl/test_engine.py`` and ``verl_cpu/figures.py`` (1 or 2 processes, gloo).
 
 verl's FSDP2 engine (``FSDPEngineWithLMHead``) with its real actor loss (``ppo_loss`` ->
 ``get_policy_loss_fn``), a tiny Qwen2 model built from a config (no hub), a CPU platform

@@ -1,11 +1,11 @@
 """The numbers docs/verl.md quotes, measured on CPU: ``make figures-verl``.
 
 1. verl's trainer (``python -m verl.trainer.main_ppo``) end to end, as ``tests/verl/test_main_ppo.py``
-   and ``examples/verl/smoke_test_cpu.sh`` run it (the helpers of ``examples/verl/cpu/e2e.py``: the
+   and ``examples/verl/smoke_test_cpu.sh`` run it (the helpers of ``verl_cpu/e2e.py``: the
    tiny Qwen2 model and the successor task, the smoke test's small off-policy steps, the CPU
    overrides): 3 steps of the default v1 trainer with ``loss_mode=gmpo``, then 3 steps of the
    legacy trainer (``trainer.use_v1=False``) with ``loss_mode=gmpo_dual_clip``.
-2. verl's FSDP2 engine with its real actor loss (``examples/verl/cpu/engine_worker.py`` under
+2. verl's FSDP2 engine with its real actor loss (``verl_cpu/engine_worker.py`` under
    ``torchrun``, 1 and 2 processes, as ``tests/verl/test_engine.py`` launches it): the gradient
    norm of one global batch of 8 sequences split into 1, 2, 4 and dynamic-size micro-batches,
    for ``gmpo`` and verl's ``geo_mean``.
@@ -14,7 +14,7 @@ Writes results/figures-verl/verl_cpu.md (the step lines with the metrics the pag
 results/figures-verl/verl_cpu.json (every metric of every step, the full grad-norm reports). The logs stay in
 the work folder (default runs/figures-verl).
 
-    python scripts/verl_cpu.py [--workdir runs/figures-verl] [--steps 3] [--skip-engine]
+    python -m verl_cpu.figures [--workdir runs/figures-verl] [--steps 3] [--skip-engine]
 """
 
 from __future__ import annotations
@@ -32,10 +32,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from verl_cpu import e2e as _e2e
 
-from examples.verl.cpu import e2e as _e2e  # noqa: E402
+ROOT = _e2e.REPO
 
 #: the metrics each step line in the Markdown shows (the console logger prints some 80 a step)
 SHOWN = (
@@ -140,13 +139,13 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# verl's trainer and engine on CPU ({report['date']})",
         "",
-        f"`{report['command']}` (scripts/verl_cpu.py). {report['cpus']} CPUs, "
+        f"`{report['command']}` (verl_cpu/figures.py). {report['cpus']} CPUs, "
         f"`GMPO_VERL_IMPL={report['gmpo_verl_impl']}`; verl {v['verl']}, torch {v['torch']}, "
         f"transformers {v['transformers']}, ray {v['ray']}.",
         "",
         "## verl's trainer (`python -m verl.trainer.main_ppo`)",
         "",
-        "The tiny task of examples/verl/cpu/e2e.py (a random Qwen2 model, the successor task), "
+        "The tiny task of verl_cpu/e2e.py (a random Qwen2 model, the successor task), "
         f"{report['steps']} steps of 4 prompts x 4 samples, 2 mini-batches x 2 epochs, float32, "
         "the `hf` rollout. Each step line shows these of the console logger's metrics: "
         + ", ".join(f"`{k}`" for k in SHOWN)
@@ -183,7 +182,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [
             "## verl's FSDP2 engine: the gradient norm of one global batch",
             "",
-            "examples/verl/cpu/engine_worker.py under `torchrun` (gloo), as tests/verl/test_engine.py "
+            "verl_cpu/engine_worker.py under `torchrun` (gloo), as tests/verl/test_engine.py "
             "runs it: 8 sequences (one fully masked, rollout weights, one of them 0), bf16, "
             "split into 1, 2 or 4 micro-batches per rank or into verl's dynamic-size ones "
             "(at most 24 tokens each).",

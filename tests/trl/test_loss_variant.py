@@ -1,0 +1,222 @@
+"""``GMPOConfig.loss_variant`` (issue 27): a loss of ``gmpo_tasks.variants`` by name or
+``module:function`` in place of gmpo_core's loss in GMPOTrainer's loss step, the settings it
+refuses, and ``gmpo compare --variant`` end to end on the toy task.
+
+Loss and gradient are compared with ``tests.trl._support.assert_same`` (rtol 1e-5, atol 1e-7:
+float32, the same model and inputs, where only the order of summation may differ).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("trl")
+
+import torch
+
+from gmpo_tasks.variants import METHODS, gmpo_method
+from gmpo_trl import GMPOConfig, GMPOTrainer
+from gmpo_trl.trainer import completion_tokens
+from tests.trl._support import (
+    TOKENIZER,
+    assert_same,
+    inputs_of,
+    last_metrics,
+    loss_and_grad,
+    make_inputs,
+    make_trainer,
+)
+
+pytestmark = pytest.mark.trl
+
+
+def half_gmpo(logp, old_logp, advantages, mask):
+    """A user's variant (``tests.trl.test_loss_variant:half_gmpo``): half of GMPO's loss."""
+    loss, clipped = gmpo_method(logp, old_logp, advantages, mask)
+    return 0.5 * loss, clipped
+
+
+def no_fraction(logp, old_logp, advantages, mask):
+    """A function of the wrong signature's result: the loss alone."""
+    return gmpo_method(logp, old_logp, advantages, mask)[0]
+
+
+def _direct(trainer, inputs, fn):
+    """``fn`` called on the trainer's own log-probs of ``inputs``: the loss, the clipped fraction
+    and the flat gradient of every trainable parameter."""
+    model = trainer.model
+    model.train()
+    model.zero_grad(set_to_none=True)
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    logps, _, _ = trainer._get_per_token_logps_and_entropies(
+        model, ids, attn, inputs["completion_ids"].size(1)
+    )  # with the graph (model_logps has none)
+    loss, clipped = fn(logps, inputs["old_per_token_logps"], inputs["advantages"],
+                       completion_tokens(inputs))  # fmt: skip
+    loss.backward()
+    params = [p for p in model.parameters() if p.requires_grad]
+    grad = torch.cat([torch.zeros(p.numel()) if p.grad is None else p.grad.reshape(-1)
+                      for p in params])  # fmt: skip
+    return loss.detach(), clipped, grad
+
+
+@pytest.mark.parametrize(
+    "name", ["gmpo_narrow", "gmpo_seqclip", "grpo", "tests.trl.test_loss_variant:half_gmpo"]
+)
+def test_variant_loss_step_is_its_function(tmp_path, name):
+    """The loss step's loss, gradient and ``variant/clip_ratio`` are the variant's function on
+    the same batch; the core's ``clip_ratio/*`` are not logged (its clip did not run)."""
+    trainer = make_trainer(tmp_path, loss_variant=name)
+    inputs = make_inputs(trainer, drift=0.5)
+    loss, grad = loss_and_grad(trainer, inputs)
+    fn = METHODS[name].loss if name in METHODS else half_gmpo
+    want, clipped, want_grad = _direct(trainer, inputs, fn)
+    assert_same(loss.detach(), want)
+    assert_same(grad, want_grad)
+    assert grad.abs().max() > 0
+    metrics = last_metrics(trainer)
+    assert metrics["variant/clip_ratio"] == pytest.approx(float(clipped), rel=1e-6, abs=1e-12)
+    assert not any(k.startswith("clip_ratio/") for k in metrics), sorted(metrics)
+    assert metrics["log_ratio/min"] < 0 < metrics["log_ratio/max"]
+    default_loss, _ = loss_and_grad(make_trainer(tmp_path), inputs)
+    assert not torch.allclose(loss, default_loss)  # the variant, not GMPO, ran
+
+
+def test_clipped_fraction_is_seen_on_these_inputs(tmp_path):
+    """The metric test above can fail: gmpo_narrow clips a part of these tokens, not none."""
+    trainer = make_trainer(tmp_path, loss_variant="gmpo_narrow")
+    loss_and_grad(trainer, make_inputs(trainer, drift=0.5))
+    assert 0 < last_metrics(trainer)["variant/clip_ratio"] < 1
+
+
+GMPO_AS_VARIANT = {
+    "plain": ({}, {"drift": 0.5}),
+    "on-policy": ({}, {}),
+    "zero advantage": ({}, {"drift": 0.5, "zero_advantage": True}),
+    "tool mask": ({}, {"drift": 0.5, "tool_mask": True}),
+    "entropy quantile": ({"top_entropy_quantile": 0.5}, {"drift": 0.5}),
+    "entropy bonus": ({"entropy_coef": 0.1}, {"drift": 0.5}),
+}
+
+
+@pytest.mark.parametrize("case", list(GMPO_AS_VARIANT))
+def test_gmpo_method_as_module_function_is_the_default_gmpo(tmp_path, case):
+    """``gmpo_tasks.variants:gmpo_method`` (``gmpo_loss`` at its defaults) through the variant
+    hook gives the default GMPOTrainer's loss and gradient (to assert_same's float tolerance),
+    with the masks and host terms the hook leaves to the trainer; its clipped fraction is the
+    core's ``clip_ratio/region_mean``, and the range and entropy are the same."""
+    config, spec = GMPO_AS_VARIANT[case]
+    variant = make_trainer(tmp_path, loss_variant="gmpo_tasks.variants:gmpo_method", **config)
+    default = make_trainer(tmp_path, **config)
+    inputs = inputs_of(default, spec)
+    loss, grad = loss_and_grad(variant, inputs)
+    want, want_grad = loss_and_grad(default, inputs)
+    assert_same(loss, want)
+    assert_same(grad, want_grad)
+    assert grad.abs().max() > 0
+    got, ref = last_metrics(variant), last_metrics(default)
+    assert got["variant/clip_ratio"] == pytest.approx(ref["clip_ratio/region_mean"], abs=1e-7)
+    for key in ("log_ratio/min", "log_ratio/max", "entropy"):
+        assert got[key] == pytest.approx(ref[key], rel=1e-6, abs=1e-9) or (
+            ref[key] != ref[key] and got[key] != got[key]  # both NaN
+        ), key
+
+
+REFUSED = [
+    ({"loss_variant": "nope"}, "loss_variant: unknown method 'nope': choose from ['grpo',"),
+    ({"loss_variant": "no_such_module_xyz:f"},
+     "loss_variant: method 'no_such_module_xyz:f': No module named 'no_such_module_xyz'"),
+    ({"loss_variant": "gmpo_tasks.variants:WIDE"},
+     "loss_variant: method 'gmpo_tasks.variants:WIDE' is neither a Method nor a function"),
+    ({"epsilon": 0.3}, "epsilon=0.3 does not apply to loss_variant='gmpo_narrow': the variant's"),
+    ({"epsilon_high": 0.5}, "epsilon_high=0.5 does not apply to loss_variant='gmpo_narrow'"),
+    ({"delta": 1.5}, "delta=1.5 does not apply to loss_variant='gmpo_narrow'"),
+    ({"beta": 0.04}, "beta=0.04 does not apply to loss_variant='gmpo_narrow': a variant has no KL"),
+    ({"gmpo_impl": "compiled"}, "gmpo_impl='compiled' does not apply to loss_variant="),
+    ({"use_vllm": True},
+     "vllm_importance_sampling_correction=True does not apply to loss_variant='gmpo_narrow'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("overrides", "match"), REFUSED)
+def test_refused_at_construction_in_one_line(tmp_path, overrides, match):
+    from gmpo_tasks.successor import toy_args
+
+    kwargs = toy_args(str(tmp_path), **{"loss_variant": "gmpo_narrow", **overrides})
+    with pytest.raises(ValueError) as err:
+        GMPOConfig(**kwargs)
+    assert str(err.value).startswith(match) and "\n" not in str(err.value), str(err.value)
+
+
+def test_accepted_alongside_what_it_honours(tmp_path):
+    """The masks and host terms the variant does not replace are accepted with it, and so is
+    vLLM without the importance-sampling correction."""
+    from gmpo_tasks.successor import toy_args
+
+    config = GMPOConfig(**toy_args(str(tmp_path), loss_variant="gmpo", top_entropy_quantile=0.5,
+                                   off_policy_mask_threshold=0.1, entropy_coef=0.01,
+                                   use_vllm=True, vllm_importance_sampling_correction=False))  # fmt: skip
+    assert config.loss_variant == "gmpo"
+
+
+def test_trainer_refuses_a_field_set_after_construction(tmp_path):
+    from gmpo_tasks.models import qwen2_model
+    from gmpo_tasks.successor import successor_dataset, successor_reward, toy_args
+
+    args = GMPOConfig(**toy_args(str(tmp_path), loss_variant="gmpo"))
+    args.delta = 1.5
+    with pytest.raises(ValueError, match=r"^delta=1\.5 does not apply to loss_variant='gmpo'"):
+        GMPOTrainer(model=qwen2_model(TOKENIZER, seed=0), reward_funcs=successor_reward,
+                    args=args, train_dataset=successor_dataset(), processing_class=TOKENIZER)  # fmt: skip
+
+
+def test_a_result_that_is_not_loss_and_fraction_is_an_error(tmp_path):
+    trainer = make_trainer(tmp_path, loss_variant="tests.trl.test_loss_variant:no_fraction")
+    with pytest.raises(TypeError, match="must return \\(loss, clipped fraction\\), two 0-d"):
+        loss_and_grad(trainer, make_inputs(trainer, drift=0.5))
+
+
+def test_clip_bounds_and_help(tmp_path):
+    from gmpo_tasks.successor import toy_args
+    from gmpo_trl.cli.help import short_help
+    from gmpo_trl.cli.plots import log_clip_range
+
+    def bounds(name):
+        return log_clip_range(GMPOConfig(**toy_args(str(tmp_path), loss_variant=name)))
+
+    assert bounds("gmpo_narrow") == (-0.2, 0.2)
+    assert bounds("gmpo_noclip") is None
+    assert log_clip_range(GMPOConfig(**toy_args(str(tmp_path)))) == (-0.4, 0.4)
+    for command in ("train", "compare"):
+        text = " ".join(short_help(command).split())
+        assert "--loss_variant X A loss variant in place of gmpo_core's loss" in text
+        assert "Also --variant." in text
+
+
+def test_compare_variant_end_to_end(tmp_path, capsys):
+    """``gmpo compare --variant gmpo_narrow`` on the toy task: GRPO as always, the GMPO side
+    trained with the variant; the report names it by name and label."""
+    from gmpo_trl.cli import main
+    from gmpo_trl.cli.reports import read_metrics
+
+    label = METHODS["gmpo_narrow"].label
+    argv = ["compare", "--variant", "gmpo_narrow", "--output_dir", str(tmp_path),
+            "--max_steps", "2"]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["variant"] == "gmpo_narrow"
+    assert f"GMPO: loss variant 'gmpo_narrow' ({label})" in summary["settings"]
+    assert f"({label})" in (tmp_path / "summary.md").read_text()
+    gmpo_rows = read_metrics(tmp_path / "gmpo" / "seed0" / "metrics.jsonl")
+    grpo_rows = read_metrics(tmp_path / "grpo" / "seed0" / "metrics.jsonl")
+    assert len(gmpo_rows) == len(grpo_rows) == 2
+    assert all("variant/clip_ratio" in r and "clip_ratio/region_mean" not in r for r in gmpo_rows)
+    assert not any("variant/clip_ratio" in r for r in grpo_rows)
+    assert summary["runs"]["GMPO"][0]["variant_clip_ratio_max"] >= 0
+    assert "variant_clip_ratio_max" not in summary["runs"]["GRPO"][0]
+    out = capsys.readouterr().out
+    assert "gmpo compare (GMPO variant gmpo_narrow, seed 0)" in out
+    assert "max clipped fraction (variant)" in out
