@@ -25,15 +25,6 @@ from numpy.typing import ArrayLike, NDArray
 Float64Array = NDArray[np.float64]
 BoolArray = NDArray[np.bool_]
 
-VARIANTS: tuple[str, ...] = (
-    "token_clip",
-    "sequence_clip",
-    "no_clip",
-    "no_length_norm",
-    "grpo_arithmetic",
-)
-
-
 @dataclass(frozen=True)
 class ReferenceResult:
     """Output of :func:`gmpo_loss`.
@@ -61,7 +52,7 @@ def _as_float64(x: ArrayLike, name: str) -> Float64Array:
     return a.astype(np.float64)
 
 
-def _check_epsilons(epsilon: float, epsilon_high: float | None) -> tuple[float, float]:
+def check_epsilons(epsilon: float, epsilon_high: float | None) -> tuple[float, float]:
     eps_h = epsilon if epsilon_high is None else epsilon_high
     for name, value in (("epsilon", epsilon), ("epsilon_high", eps_h)):
         if not (math.isfinite(value) and value > 0):
@@ -69,7 +60,7 @@ def _check_epsilons(epsilon: float, epsilon_high: float | None) -> tuple[float, 
     return float(epsilon), float(eps_h)
 
 
-def _check_inputs(
+def check_inputs(
     logp: ArrayLike, old_logp: ArrayLike | None, advantages: ArrayLike, mask: ArrayLike
 ) -> tuple[Float64Array, Float64Array, Float64Array, BoolArray]:
     """Convert and shape-check the four main inputs.
@@ -91,7 +82,7 @@ def _check_inputs(
     return lp, olp, adv, valid
 
 
-def _masked_log_ratio(lp: Float64Array, olp: Float64Array, valid: BoolArray) -> Float64Array:
+def masked_log_ratio(lp: Float64Array, olp: Float64Array, valid: BoolArray) -> Float64Array:
     """r = logp − old_logp at valid positions, 0 elsewhere (selected before subtracting).
 
     Shape:
@@ -101,7 +92,7 @@ def _masked_log_ratio(lp: Float64Array, olp: Float64Array, valid: BoolArray) -> 
         return np.where(valid, lp, 0.0) - np.where(valid, olp, 0.0)
 
 
-def _trust_region(
+def trust_region(
     r: Float64Array, adv: Float64Array, eps_l: float, eps_h: float, dual_clip: float | None
 ) -> tuple[Float64Array, BoolArray, BoolArray, BoolArray]:
     """Per-token one-sided log-space clip (docs/semantics.md S1) and where each bound took effect.
@@ -193,12 +184,12 @@ def gmpo_loss(
             result.loss, result.per_sequence_loss, result.log_coef, grad, result.metrics,
             result.stats,
         )  # fmt: skip
-    eps_l, eps_h = _check_epsilons(epsilon, epsilon_high)
+    eps_l, eps_h = check_epsilons(epsilon, epsilon_high)
     if not (math.isfinite(beta) and beta >= 0):
         raise ValueError(f"beta must be finite and >= 0, got {beta}")
     if dual_clip is not None and not dual_clip > 1:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
-    lp, olp, adv, valid = _check_inputs(logp, old_logp, advantages, mask)
+    lp, olp, adv, valid = check_inputs(logp, old_logp, advantages, mask)
     batch, length = lp.shape
 
     ref = None if ref_logp is None else _as_float64(ref_logp, "ref_logp")
@@ -225,8 +216,8 @@ def gmpo_loss(
     n = valid.sum(axis=1).astype(np.float64)  # (B,)
     n1 = np.maximum(n, 1.0)  # (B,)
     active = (adv != 0) & (n > 0)  # (B,) rows that carry a policy term
-    r = _masked_log_ratio(lp, olp, valid)  # (B, T)
-    c, clipped_low, clipped_high, clipped_dual = _trust_region(r, adv, eps_l, eps_h, dual_clip)
+    r = masked_log_ratio(lp, olp, valid)  # (B, T)
+    c, clipped_low, clipped_high, clipped_dual = trust_region(r, adv, eps_l, eps_h, dual_clip)
 
     with np.errstate(invalid="ignore", over="ignore"):
         log_coef = np.where(valid, c, 0.0).sum(axis=1) / n1  # (B,)
@@ -308,61 +299,3 @@ def _segment_positions(
     rows = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
     cols = np.arange(token_shape[0], dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), lengths)
     return rows, cols
-
-
-# --------------------------------------------------------------------------- ablations
-
-
-def variant_loss(
-    logp: ArrayLike,
-    old_logp: ArrayLike | None,
-    advantages: ArrayLike,
-    mask: ArrayLike,
-    *,
-    variant: str,
-    epsilon: float = 0.4,
-    epsilon_high: float | None = None,
-) -> float:
-    """Loss value of the paper's ablations (Sec. 4), with s_i = Σ_t valid·r_t / max(n_i, 1).
-
-    - "token_clip": GMPO itself, ``gmpo_loss(...).loss``.
-    - "sequence_clip": −A_i·exp(l_i), l_i = min(s_i, ε_h) if A_i ≥ 0 else max(s_i, −ε_l).
-    - "no_clip": −A_i·exp(s_i).
-    - "no_length_norm": −A_i·exp(Σ_t valid·c_t) (product of clipped ratios, no n-th root).
-    - "grpo_arithmetic": GRPO with ratio-space bounds, ρ = exp(r):
-      −Σ_t valid·min(ρ_t·A_i, clip(ρ_t, 1−ε_l, 1+ε_h)·A_i) / max(n_i, 1).
-    Rows with n_i = 0 or A_i = 0 contribute exactly 0; the loss is the mean over all B rows.
-
-    Shape:
-        logp, old_logp, mask: (B, T); advantages: (B,).
-    """
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; valid names: {', '.join(VARIANTS)}")
-    if variant == "token_clip":
-        return gmpo_loss(
-            logp, old_logp, advantages, mask, epsilon=epsilon, epsilon_high=epsilon_high
-        ).loss
-    eps_l, eps_h = _check_epsilons(epsilon, epsilon_high)
-    lp, olp, adv, valid = _check_inputs(logp, old_logp, advantages, mask)
-    n = valid.sum(axis=1).astype(np.float64)  # (B,)
-    n1 = np.maximum(n, 1.0)  # (B,)
-    r = _masked_log_ratio(lp, olp, valid)  # (B, T)
-
-    with np.errstate(invalid="ignore", over="ignore"):
-        if variant == "grpo_arithmetic":
-            rho = np.exp(r)  # (B, T)
-            a = adv[:, None]  # (B, 1)
-            o = np.minimum(rho * a, np.clip(rho, 1.0 - eps_l, 1.0 + eps_h) * a)  # (B, T)
-            row = -np.where(valid, o, 0.0).sum(axis=1) / n1  # (B,)
-        else:
-            if variant == "no_length_norm":
-                c = _trust_region(r, adv, eps_l, eps_h, None)[0]  # (B, T)
-                log_coef = np.where(valid, c, 0.0).sum(axis=1)  # (B,)
-            else:
-                s = r.sum(axis=1) / n1  # (B,); r is 0 at invalid positions
-                if variant == "sequence_clip":
-                    s = np.where(adv >= 0, np.minimum(s, eps_h), np.maximum(s, -eps_l))
-                log_coef = s
-            row = -adv * np.exp(log_coef)  # (B,)
-        row = np.where((adv != 0) & (n > 0), row, 0.0)
-    return float(np.mean(row))
