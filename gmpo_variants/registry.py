@@ -14,6 +14,7 @@ registering a *different* function under a taken name raises.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import math
 import pkgutil
 from collections.abc import Callable, Iterator, Mapping
@@ -166,7 +167,7 @@ def resolve(spec: object) -> Variant:
             f"a variant is a name or module:function, got {type(spec).__name__} {spec!r}"
         )
     if spec in VARIANTS:
-        return VARIANTS[spec]
+        return available(VARIANTS[spec])
     module, sep, attr = spec.partition(":")
     if not sep or not module or not attr:
         raise ValueError(
@@ -190,6 +191,17 @@ def resolve(spec: object) -> Variant:
     if not callable(obj):
         raise ValueError(f"variant {spec!r} is {type(obj).__name__}, not a function: {SIGNATURE}")
     return Variant(spec, spec, obj)
+
+
+def available(variant: Variant) -> Variant:
+    """``variant``, once what it ``requires`` is importable; else a ValueError of one line that
+    names the extra to install."""
+    if variant.requires is not None and importlib.util.find_spec(variant.requires) is None:
+        raise ValueError(
+            f"variant {variant.name!r} calls {variant.requires}'s own code, and {variant.requires} "
+            f"is not installed: pip install 'gmpo[{variant.requires}]'"
+        )
+    return variant
 
 
 def _line(err: BaseException) -> str:
