@@ -25,6 +25,7 @@ from numpy.typing import ArrayLike, NDArray
 Float64Array = NDArray[np.float64]
 BoolArray = NDArray[np.bool_]
 
+
 @dataclass(frozen=True)
 class ReferenceResult:
     """Output of :func:`gmpo_loss`.

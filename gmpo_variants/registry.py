@@ -90,19 +90,19 @@ def register(
 ) -> Callable[[LossFn], LossFn]:
     """Decorator: record the function as the variant ``name`` and return it unchanged.
 
-    Registering the same function again is a no-op (a module imported twice); another function
-    under a taken name is a ValueError."""
+    Registering the same variant again is a no-op, and its module imported again replaces it;
+    another function, or the same one with other settings, under a taken name is a
+    ValueError."""
 
     def decorate(fn: LossFn) -> LossFn:
         variant = Variant(name, label, fn, bounds, reference, requires)
         taken = _REGISTRY.get(name)
-        if taken is not None and taken.loss is not fn:
-            same = getattr(taken.loss, "__qualname__", None) == getattr(fn, "__qualname__", "")
-            if not (same and taken.loss.__module__ == fn.__module__):
-                raise ValueError(
-                    f"variant {name!r} is already registered to {taken.loss.__module__}."
-                    f"{getattr(taken.loss, '__qualname__', taken.loss)}"
-                )
+        if taken is not None and taken != variant and not _reloaded(taken, variant):
+            raise ValueError(
+                f"variant {name!r} is already registered to {taken.loss.__module__}."
+                f"{getattr(taken.loss, '__qualname__', taken.loss)}"
+                + (" with other settings" if taken.loss is fn else "")
+            )
         _REGISTRY[name] = variant
         return fn
 
@@ -111,6 +111,13 @@ def register(
 
 #: the built-in modules in the order their variants are listed (GRPO first, the baseline)
 FIRST = ("grpo", "gmpo", "ablations")
+
+
+def _reloaded(taken: Variant, new: Variant) -> bool:
+    """Whether ``new`` is ``taken``'s function from its module imported again (a reload)."""
+    a, b = taken.loss, new.loss
+    same = getattr(a, "__qualname__", None) == getattr(b, "__qualname__", "")
+    return a is not b and same and getattr(a, "__module__", None) == getattr(b, "__module__", "")
 
 
 def _load() -> None:

@@ -9,8 +9,8 @@ from typing import Any
 from trl import GRPOConfig
 
 from gmpo_core.options import IMPLS, check_beta, check_hyperparameters, check_impl
-from gmpo_tasks.variants import resolve
 from gmpo_trl.fields import GMPO_FIELDS, OTHER_LOSS_FIELDS
+from gmpo_variants import Variant, resolve
 
 RECIPES = "docs/recipes.md"
 
@@ -51,9 +51,9 @@ class GMPOConfig(GRPOConfig):
     - ``gmpo_lm_head`` (default True): tokens are scored by :func:`gmpo_core.token_logprobs`
       instead of TRL's chunked LM head, for every scoring pass; where it does not apply (a logit
       soft-cap, extra kernel outputs) TRL's head is used and a warning says so once.
-    - ``loss_variant`` (default None): a loss of ``gmpo_tasks.variants`` (a ``METHODS`` name or
-      ``module:function``, resolved by ``gmpo_tasks.variants.resolve``) in place of
-      ``gmpo_core.gmpo_loss``; :func:`check_variant` refuses what it would drop.
+    - ``loss_variant`` (default None): a loss variant (a name of ``gmpo_variants.VARIANTS`` or
+      ``module:function``) in place of ``gmpo_core.gmpo_loss``; :func:`check_variant` refuses
+      what it would drop. It is resolved once (:func:`loss_variant`).
     """
 
     epsilon: float = _option("epsilon")
@@ -68,6 +68,35 @@ class GMPOConfig(GRPOConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_config(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (``training_args.bin``) without the resolved variant: its name is a field."""
+        state = dict(self.__dict__)
+        state.pop(_RESOLVED, None)
+        return state
+
+
+_RESOLVED = "_resolved_variant"
+
+
+def loss_variant(args: GRPOConfig) -> Variant | None:
+    """``args.loss_variant`` resolved (``gmpo_variants.resolve``), once per name: the config
+    keeps it, so the trainer, ``gmpo compare`` and its plots read the same object.
+
+    Raises:
+        ValueError: one line, naming ``loss_variant``.
+    """
+    name = getattr(args, "loss_variant", None)
+    if name is None:
+        return None
+    cached = args.__dict__.get(_RESOLVED)
+    if cached is None or cached[0] != name:
+        try:
+            cached = (name, resolve(name))
+        except ValueError as err:
+            raise ValueError(f"loss_variant: {err}") from None
+        args.__dict__[_RESOLVED] = cached
+    return cached[1]  # type: ignore[no-any-return]
 
 
 def check_config(args: GRPOConfig) -> None:
@@ -112,7 +141,8 @@ def check_config(args: GRPOConfig) -> None:
 def check_variant(args: GRPOConfig) -> None:
     """``loss_variant``: a loss that resolves, and none of the settings it would silently drop.
 
-    A variant maps ``(logp, old_logp, advantages, mask)`` to ``(loss, clipped fraction)``: its
+    A variant maps ``(logp, old_logp, advantages, mask)`` to the loss, or to ``(loss, clipped
+    fraction)`` (``gmpo_variants.registry.SIGNATURE``): its
     clip range is its own (``epsilon``, ``epsilon_high``, ``delta``), and it has no KL term
     (``beta``), no importance weights (vLLM's correction) and no ``gmpo_impl``. The masks
     (entropy, off-policy, tool) reach it as its ``mask``; the host terms (entropy bonus, MoE aux
@@ -121,13 +151,9 @@ def check_variant(args: GRPOConfig) -> None:
     Raises:
         ValueError: one line, naming the variant or the field that conflicts with it.
     """
-    name = getattr(args, "loss_variant", None)
-    if name is None:
+    if loss_variant(args) is None:
         return
-    try:
-        resolve(name)
-    except ValueError as err:
-        raise ValueError(f"loss_variant: {err}") from err
+    name = args.loss_variant
     clip = "the variant's clip is its own; remove it"
     conflicts = {  # field -> (whether it is set, why it does not apply and what to do)
         "epsilon": (args.epsilon != GMPO_FIELDS["epsilon"].default, clip),

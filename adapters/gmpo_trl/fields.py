@@ -194,9 +194,9 @@ GMPO_FIELDS: dict[str, Option] = {
     ),
     "loss_variant": Option(
         None,
-        "A loss variant in place of gmpo_core's loss: a name of gmpo_tasks.variants.METHODS "
-        "(e.g. 'gmpo_narrow') or module:function, (logp, old_logp, advantages, mask) -> (loss, "
-        "clipped fraction). Its clip is its own, so epsilon, epsilon_high, delta, beta, "
+        "A loss variant in place of gmpo_core's loss: a name of gmpo_variants.VARIANTS "
+        "(e.g. 'gmpo_narrow') or module:function, (logp, old_logp, advantages, mask) -> loss or "
+        "(loss, clipped fraction). Its clip is its own, so epsilon, epsilon_high, delta, beta, "
         "gmpo_impl and vLLM's importance-sampling correction are refused with it. Also "
         "--variant. None: GMPO.",
         added=True,

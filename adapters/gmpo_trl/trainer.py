@@ -23,11 +23,11 @@ from trl import GRPOConfig, GRPOTrainer
 
 from gmpo_core import gmpo_loss, sequence_kl
 from gmpo_core import metrics as gmpo_metrics
-from gmpo_tasks.variants import Method, resolve
 from gmpo_trl import variant, vllm_cpu
 from gmpo_trl.compat import check_compute_loss, check_liger, forward_keys
-from gmpo_trl.config import GMPOConfig, check_config
+from gmpo_trl.config import GMPOConfig, check_config, loss_variant
 from gmpo_trl.head_swap import lm_head_swapped
+from gmpo_variants import Variant
 
 FORWARD_KEYS = forward_keys()
 #: the part of a GMPOTrainer checkpoint that GRPOTrainer's own files do not hold, one per process
@@ -75,9 +75,7 @@ class GMPOTrainer(GRPOTrainer):
         check_compute_loss()
         vllm_cpu.prepare(model, args)  # use_vllm: checks and the CPU workaround, before the engine
         super().__init__(model, reward_funcs, args=args, **kwargs)
-        self._variant: Method | None = (
-            None if args.loss_variant is None else resolve(args.loss_variant)
-        )
+        self._variant: Variant | None = loss_variant(args)
 
     # ------------------------------------------------------------------------------------------
     # checkpoints: what GRPOTrainer's own files leave out

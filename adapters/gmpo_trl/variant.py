@@ -1,6 +1,6 @@
 """``GMPOConfig.loss_variant`` in ``GMPOTrainer``'s loss step: the variant's call, and its
 metrics' per-process parts, which the trainer reduces across processes. No loss math here: the
-variant is ``gmpo_tasks.variants``' (or the user's ``module:function``), the statistics are
+variant is ``gmpo_variants``' (or the user's ``module:function``), the statistics are
 ``gmpo_core.clip_metrics``'."""
 
 from __future__ import annotations
@@ -9,35 +9,27 @@ import torch
 from torch import Tensor
 
 from gmpo_core import ClipStats, clip_metrics
-from gmpo_tasks.variants import Method
+from gmpo_variants import Variant
 
 #: a loss variant's clipped fraction, apart from the core's ``clip_ratio/*``
 VARIANT_CLIP = "variant/clip_ratio"
 
 
 def variant_loss(
-    method: Method, logps: Tensor, old_logps: Tensor | None, advantages: Tensor, mask: Tensor
+    variant: Variant, logps: Tensor, old_logps: Tensor | None, advantages: Tensor, mask: Tensor
 ) -> tuple[Tensor, Tensor, ClipStats]:
     """A loss variant's ``(loss, clipped fraction)`` on the policy term's tokens ``mask`` (old
-    log-probs ``logps.detach()`` on-policy), and the log-ratio's statistics for the metrics
-    (its range and token count are read).
+    log-probs ``logps.detach()`` on-policy; the fraction NaN, unknown, where the variant returns
+    the loss alone), and the log-ratio's statistics for the metrics (its range and token count
+    are read).
 
     Shape:
         logps, old_logps, mask: (B, T). advantages: (B,). Output: (), (), ClipStats.
     """
     old = logps.detach() if old_logps is None else old_logps
-    result = method.loss(logps, old, advantages, mask)
-    if not (
-        isinstance(result, tuple)
-        and len(result) == 2
-        and all(isinstance(t, Tensor) and t.dim() == 0 for t in result)
-    ):
-        raise TypeError(
-            f"loss variant {method.label!r} must return (loss, clipped fraction), two 0-d "
-            f"tensors; got {type(result).__name__}"
-        )
+    loss, clipped = variant(logps, old, advantages, mask)
     stats = clip_metrics(logps.detach() - old.detach(), advantages, mask)
-    return result[0], result[1], stats
+    return loss, clipped, stats
 
 
 def local_metrics(

@@ -6,7 +6,7 @@
 Every rule here is the plan's, fixed before the runs: the primary endpoint (final reward, the
 mean of the last 20 steps), the exact one-sided sign test over the pairs of a task (both cells
 pooled), the three comparisons, Holm over the six tests; the failure counts (the primary rule
-``gmpo_tasks.rules.failed`` and the old collapse rule) with an exact one-sided McNemar test,
+``gmpo_stats.failed`` and the old collapse rule) with an exact one-sided McNemar test,
 Holm over its six; the mechanism metrics over steps 1-20 with their sign tests in the paper's
 direction, Holm over eight; and what counts against GMPO. Writes ``confirm.json`` and
 ``confirm.md``.
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gmpo_tasks.rules import cell_of, holm, sign_test_p
+from gmpo_stats.paired import cell_of, holm, sign_test_p
 
 #: (name, first method, second method): the first is expected higher
 COMPARISONS = (("C1", "gmpo", "grpo"), ("C2", "gmpo", "grpo_wide"), ("C3", "gmpo_narrow", "grpo"))

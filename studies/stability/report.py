@@ -1,5 +1,5 @@
 """The stability study's tables: collapse counts, per-cell statistics and the sign tests, by the
-rules of :mod:`gmpo_tasks.rules` (fixed in advance; docs/study.md states them)."""
+rules of :mod:`gmpo_stats` (fixed in advance; docs/study.md states them)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from gmpo_tasks.rules import cell_of, cell_order, paired, pooled
+from gmpo_stats.paired import cell_of, cell_order, paired, pooled
 
 #: the comparisons of the sign test, fixed in advance: (GMPO, GRPO variant)
 SIGN_TESTS = (("gmpo", "grpo"), ("gmpo", "grpo_wide"))

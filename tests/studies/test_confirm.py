@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 import torch
 
+from gmpo_stats.outcome import collapse, failed
+from gmpo_stats.paired import holm
 from gmpo_tasks import add
-from gmpo_tasks.rules import collapse, failed, holm
-from gmpo_tasks.variants import METHODS, grpo_arithmetic_loss
+from gmpo_variants import VARIANTS, resolve
+from gmpo_variants.grpo import grpo_arithmetic_loss
 from studies.stability import __main__ as stability
 from studies.stability import confirm
-from studies.stability.methods import fingerprint, resolve
+from studies.stability.fingerprint import fingerprint
 from studies.stability.run import CURVES, Setup, rl_run, update_stats, warm_start
 
 
@@ -55,9 +57,9 @@ def test_update_stats_against_numpy() -> None:
 
 
 def test_the_confirmatory_methods_have_their_clip_bounds() -> None:
-    assert METHODS["grpo"].bounds == pytest.approx((-math.log(0.8), math.log(1.2)))
-    assert METHODS["grpo_wide"].bounds == METHODS["gmpo"].bounds == (0.4, 0.4)
-    assert METHODS["gmpo_narrow"].bounds == (0.2, 0.2)
+    assert VARIANTS["grpo"].bounds == pytest.approx((-math.log(0.8), math.log(1.2)))
+    assert VARIANTS["grpo_wide"].bounds == VARIANTS["gmpo"].bounds == (0.4, 0.4)
+    assert VARIANTS["gmpo_narrow"].bounds == (0.2, 0.2)
 
 
 def test_token_mean_per_row_equals_the_minibatch_token_mean_at_equal_lengths() -> None:
@@ -104,18 +106,19 @@ def test_setup_options_change_the_run() -> None:
 
 def test_setup_overrides_and_the_task_settings() -> None:
     args = stability.parse(["--task", "add", "--setup", "beta2=0.99,tied=false,warm_lr=1e-3"])
-    setup = stability.make_setup(args)
+    setup = args.setup
     assert (setup.task_name, setup.beta2, setup.tied, setup.warm_lr) == ("add", 0.99, False, 1e-3)
     assert (setup.length, setup.noise, setup.warm_steps) == (add.LENGTH, add.NOISE, add.WARM.steps)
     assert setup.task.answer_length == add.LENGTH + 1
-    assert stability.make_setup(stability.parse(["--quick", "--task", "add"])).length == 3
+    assert stability.parse(["--quick", "--task", "add"]).setup.length == 3
 
 
-def test_a_method_by_module_and_function() -> None:
-    spec = resolve("gmpo_tasks.variants:gmpo_method")
-    assert spec.loss is METHODS["gmpo"].loss and spec.bounds is None
-    assert resolve("gmpo") is METHODS["gmpo"]
-    assert fingerprint("gmpo_tasks.variants:gmpo_method") == fingerprint("gmpo")
+def test_a_variant_by_module_and_function() -> None:
+    """A registered function named as module:function is its variant (bounds included)."""
+    assert resolve("gmpo_variants.gmpo:gmpo_variant") is VARIANTS["gmpo"]
+    assert fingerprint("gmpo_variants.gmpo:gmpo_variant") == fingerprint("gmpo")
+    other = resolve("gmpo_variants.gmpo:gmpo_from_blocks")
+    assert other.bounds is None and fingerprint(other.name) != fingerprint("gmpo")
     with pytest.raises(ValueError, match="no_such"):
         resolve("no_such_module_q:f")
 

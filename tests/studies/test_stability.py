@@ -1,6 +1,6 @@
 """studies/stability: the group advantages, determinism of the warm start and the runs, and the
-schema of a ``--quick`` run's summary.json (the rules: tests/tasks/test_rules.py; the methods:
-tests/tasks/test_variants.py)."""
+schema of a ``--quick`` run's summary.json, the options' one-line refusals, and the run cache
+(the rules: tests/stats/test_rules.py; the variants: tests/variants/)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,13 @@ import numpy as np
 import pytest
 import torch
 
-from gmpo_tasks.variants import gmpo_method
+from gmpo_variants import Variant
+from gmpo_variants import registry as variant_registry
+from gmpo_variants.gmpo import gmpo_variant
 from studies.stability import __main__ as stability
-from studies.stability.methods import METHODS, Method
+from studies.stability import sweep as sweep_module
 from studies.stability.run import Setup, group_advantages, rl_run, warm_start
+from tests._user_code import load_module, run_with_modules
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,9 +89,9 @@ def test_quick_run_writes_the_summary_schema(tmp_path: Path) -> None:
 # Regression, defect 13 of issue 25: duplicates were run once and counted many times, option
 # errors were tracebacks (or argparse's usage block), and --steps 0 failed after the warm start.
 REFUSED = {  # id: (arguments, the option the refusal names)
-    "duplicates": (["--seeds", "0,0", "--methods", "gmpo,gmpo"], "--methods"),
+    "duplicates": (["--seeds", "0,0", "--methods", "gmpo,gmpo"], "--variants"),
     "duplicate seed": (["--seeds", "1,0,1"], "--seeds"),
-    "duplicate method": (["--methods", "gmpo,grpo,gmpo"], "--methods"),
+    "duplicate variant": (["--methods", "gmpo,grpo,gmpo"], "--variants"),
     "duplicate lr": (["--lr", "5e-3,0.005"], "--lr"),
     "duplicate clip": (["--grad-clip", "none,None"], "--grad-clip"),
     "steps 0": (["--steps", "0"], "--steps"),
@@ -107,9 +110,18 @@ REFUSED = {  # id: (arguments, the option the refusal names)
     "setup bad number": (["--setup", "beta2=x"], "--setup"),
     "setup beta2 1": (["--setup", "beta2=1"], "--setup"),
     "setup noise 2": (["--setup", "noise=2"], "--setup"),
-    "method no module": (["--methods", "no_such_module_x:f"], "--methods"),
-    "method no function": (["--methods", "gmpo_tasks.variants:nope"], "--methods"),
-    "method unknown": (["--methods", "gmpo_wider"], "--methods"),
+    "variant no module": (["--methods", "no_such_module_x:f"], "--variants"),
+    "variant no function": (["--methods", "gmpo_variants.gmpo:nope"], "--variants"),
+    "variant unknown": (["--variants", "gmpo_wider"], "--variants"),
+    # issue 31, defect 6: values no run can use, refused before any warm start
+    "setup heads 0": (["--setup", "heads=0"], "--setup"),
+    "setup minibatches 0": (["--setup", "minibatches=0"], "--setup"),
+    "setup prompts 0": (["--setup", "prompts=0"], "--setup"),
+    "setup d 30, 4 heads": (["--setup", "d=30"], "--setup"),
+    "setup group 1": (["--setup", "group=1"], "--setup"),
+    "setup minibatches > batch": (["--setup", "minibatches=999"], "--setup"),
+    "setup warm_steps -1": (["--setup", "warm_steps=-1"], "--setup"),
+    "setup length 0": (["--setup", "length=0"], "--setup"),
 }  # fmt: skip
 
 
@@ -160,13 +172,13 @@ def fake_sweep(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, float]]:
     def warm_job(setup: dict, seed: int, path: str) -> dict:
         return {"reward": 0.5, "entropy": 1.0, "cpu_s": 0.0}
 
-    def run_job(setup: dict, method: str, lr: float, clip: Any, seed: int, warm: str) -> dict:
-        computed.append((method, lr))
+    def run_job(setup: dict, variant: str, lr: float, clip: Any, seed: int, warm: str) -> dict:
+        computed.append((variant, lr))
         return {"curves": {"reward": [lr]}, "cpu_s": 0.0}
 
-    monkeypatch.setattr(stability, "ProcessPoolExecutor", _Inline)
-    monkeypatch.setattr(stability, "warm_job", warm_job)
-    monkeypatch.setattr(stability, "run_job", run_job)
+    monkeypatch.setattr(sweep_module, "ProcessPoolExecutor", _Inline)
+    monkeypatch.setattr(sweep_module, "warm_job", warm_job)
+    monkeypatch.setattr(sweep_module, "run_job", run_job)
     return computed
 
 
@@ -197,7 +209,64 @@ def test_a_method_changed_under_its_name_is_recomputed(
     fake_sweep.clear()
     stability.sweep(args, Setup(steps=1))
     assert fake_sweep == []  # unchanged: every run from the cache
-    narrow = Method("GMPO, +-0.3", lambda lp, old, a, m: gmpo_method(lp, old, a, m, epsilon=0.3))
-    monkeypatch.setitem(METHODS, "gmpo", narrow)
+    narrow = Variant("gmpo", "GMPO, +-0.3",
+                     lambda lp, old, a, m: gmpo_variant(lp, old, a, m, epsilon=0.3))  # fmt: skip
+    monkeypatch.setitem(variant_registry._REGISTRY, "gmpo", narrow)
     stability.sweep(args, Setup(steps=1))
-    assert fake_sweep == [("gmpo", 1e-3)]  # the changed method only
+    assert fake_sweep == [("gmpo", 1e-3)]  # the changed variant only
+
+
+# Regression, issue 31, defect 5: a variant module that raises at import or does not parse
+# ended the study in a traceback of 26-29 lines.
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [("raise RuntimeError('boom')\n", "RuntimeError: boom"), ("def fn(:\n", "SyntaxError")],
+    ids=["raises", "syntax"],
+)
+def test_a_variant_module_that_fails_to_import_is_one_line(
+    source: str, message: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    argv = ["-m", "studies.stability", "--methods", "broken_variant_mod:fn", "--quick", "--out",
+            str(out)]  # fmt: skip
+    proc = run_with_modules(argv, tmp_path, {"broken_variant_mod": source})
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("python -m studies.stability: error: --variants: variant ")
+    assert message in proc.stderr and not out.exists()
+
+
+_HELPERS = "def loss(lp, old, a, m):\n    return ((lp - old) * a[:, None]).sum() * {}\n"
+_VARIANT = "import study_helpers_mod as helpers\n\ndef fn(lp, old, a, m):\n    return helpers.loss(lp, old, a, m)\n"
+_CALLABLE = (
+    "class Loss:\n    def __call__(self, lp, old, a, m):\n        return (lp - old).sum() * {}\n\n"
+    "fn = Loss()\n"
+)
+
+
+# Regression, issue 31, defect 7: a variant that calls a helper through a module attribute, or a
+# callable object whose __call__ changed, kept its fingerprint, and the cache reused stale runs.
+@pytest.mark.parametrize("kind", ["module attribute", "callable object"])
+def test_a_change_behind_a_module_attribute_or_a_call_is_recomputed(
+    kind: str, tmp_path: Path, fake_sweep: list[tuple[str, float]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = "study_variant_mod"
+
+    def define(factor: str) -> None:
+        if kind == "module attribute":
+            load_module(monkeypatch, tmp_path, "study_helpers_mod", _HELPERS.format(factor))
+            load_module(monkeypatch, tmp_path, name, _VARIANT)
+        else:
+            load_module(monkeypatch, tmp_path, name, _CALLABLE.format(factor))
+
+    define("1.0")
+    args = stability.parse([f"--methods={name}:fn", "--lr", "1e-3", "--grad-clip", "none",
+                            "--seeds", "0", "--out", str(tmp_path / "out")])  # fmt: skip
+    stability.sweep(args, Setup(steps=1))
+    assert fake_sweep == [(f"{name}:fn", 1e-3)]
+    fake_sweep.clear()
+    define("1.0")
+    stability.sweep(args, Setup(steps=1))
+    assert fake_sweep == []  # the same definition: from the cache
+    define("2.0")
+    stability.sweep(args, Setup(steps=1))
+    assert fake_sweep == [(f"{name}:fn", 1e-3)]  # the changed helper or __call__: recomputed

@@ -10,7 +10,7 @@ from gmpo_tasks.registry import TASKS
 
 
 def _task_help() -> str:
-    choices = " or ".join(f"{name!r} ({task.about})" for name, task in TASKS.items())
+    choices = " or ".join(f"{name!r} ({task.describe()})" for name, task in TASKS.items())
     return f"The built-in task, for what --model, --dataset or --reward does not name: {choices}."
 
 

@@ -242,9 +242,10 @@ def check_task_lengths(script: Any, config: Any, command: str) -> None:
     if script.model is not None or script.dataset is not None:
         return
     task = get_task(script.task)
-    if task.lengths is None:
+    lengths = task.lengths()
+    if lengths is None:
         return
-    prompt, positions, answer = task.lengths()
+    prompt, positions, answer = lengths
     n = config.max_completion_length
     if n is not None and prompt + n > positions:
         raise CLIError(

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gmpo_tasks.rules import DROP, WINDOW
+from gmpo_stats.outcome import DROP, WINDOW
 from gmpo_trl.cli.checks import check_grpo_epsilon, check_inputs, check_task_lengths, check_vllm
 from gmpo_trl.cli.errors import CLIError
 from gmpo_trl.cli.parsing import Parsed
@@ -47,11 +47,12 @@ def configs(parsed: Parsed) -> tuple[Any, Any]:
 def gmpo_settings(config: Any) -> str:
     """What ran as GMPO: its log-space clip, or the loss variant (``loss_variant``) by name and
     label."""
-    if config.loss_variant is None:
-        return f"log-space clip [-{config.epsilon}, {config.epsilon_high or config.epsilon}]"
-    from gmpo_tasks.variants import resolve
+    from gmpo_trl.config import loss_variant
 
-    return f"loss variant {config.loss_variant!r} ({resolve(config.loss_variant).label})"
+    variant = loss_variant(config)
+    if variant is None:
+        return f"log-space clip [-{config.epsilon}, {config.epsilon_high or config.epsilon}]"
+    return f"loss variant {config.loss_variant!r} ({variant.label})"
 
 
 def main(parsed: Parsed) -> Path:

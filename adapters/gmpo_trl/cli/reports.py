@@ -10,7 +10,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from gmpo_tasks.rules import WINDOW, collapse
+from gmpo_stats.outcome import WINDOW, collapse
 
 
 def has_range(row: dict[str, Any]) -> bool:
@@ -39,7 +39,7 @@ def series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]
 FINAL_STEPS = 10  # "final reward": the mean of the last ten logged rewards
 
 
-#: a run's collapse (``gmpo_tasks.rules.collapse``, docs/study.md's rule) is judged only on
+#: a run's collapse (``gmpo_stats.collapse``, docs/study.md's rule) is judged only on
 #: runs with at least this many logged rewards (one per generation)
 JUDGED_FROM = 2 * WINDOW
 

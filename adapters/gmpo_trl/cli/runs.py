@@ -17,10 +17,6 @@ from gmpo_trl.cli.errors import CLIError, Interrupted
 from gmpo_trl.cli.plots import log_clip_range, plot_training
 from gmpo_trl.cli.reports import read_metrics, run_summary, summary_line, summary_markdown
 
-#: --use_vllm without --model: the built-in models with heads of 32 (hidden 32 and 64), the
-#: smallest head_dim vLLM's CPU attention takes (docs/vllm.md)
-VLLM_HEADS = {"successor": 1, "reverse": 2}
-
 
 def quiet() -> None:
     """Only the progress bar and errors from transformers; no FutureWarnings."""
@@ -48,8 +44,8 @@ def build_trainer(script: Any, config: Any, trainer_cls: type, task: Task | None
         import torch
 
         torch.set_num_threads(1)  # a tiny model: more threads only add synchronization
-        heads = VLLM_HEADS.get(task.name) if config.use_vllm else None
-        model, tokenizer = task.model(config.seed, **({} if heads is None else {"heads": heads}))
+        # --use_vllm: the task's heads of 32 dimensions, the smallest vLLM's CPU attention takes
+        model, tokenizer = task.model(config.seed, task.vllm_heads if config.use_vllm else None)
         init = out / "init-model"  # a path, so that beta's reference model can be loaded
         model.save_pretrained(init)
         model.config._name_or_path = model.name_or_path = str(init)  # (vLLM loads it from there)

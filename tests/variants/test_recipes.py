@@ -1,8 +1,8 @@
 """The recipes of docs/recipes.md, executed from the page and checked against the reference.
 
 Every ```python block of the page is executed, in order, in one namespace, so the page and this
-test cannot drift apart. Each recipe is checked against ``reference.variant_loss`` of its variant
-(paper Sec. 4 ablations): values in float32 and float64, gradients against the reference's
+test cannot drift apart. Each recipe is checked against the float64 reference of its variant
+(paper Sec. 4 ablations; ``gmpo_variants``' ``*_reference`` functions): values in float32 and float64, gradients against the reference's
 closed-form GMPO gradient or central finite differences of the float64 reference.
 """
 
@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from gmpo_core import gmpo_loss, reference
 from tests._helpers import assert_close, to_torch, valid_log_ratio, well_conditioned
 from tests.strategies import Batch, batches, garbage
+from tests.variants._references import variant_loss
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "recipes.md"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -87,7 +88,7 @@ def _eps(batch: Batch) -> dict[str, Any]:
 
 def _ref_loss(batch: Batch, variant: str, logp: np.ndarray | None = None) -> float:
     lp = batch.logp.astype(np.float64) if logp is None else logp
-    return reference.variant_loss(
+    return variant_loss(
         lp, batch.old_logp.astype(np.float64), batch.advantages, batch.mask,
         variant=variant, **_eps(batch),
     )  # fmt: skip

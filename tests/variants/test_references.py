@@ -1,4 +1,6 @@
-"""The float64 reference's variants (the paper's ablations, reference.variant_loss): hand cases, empty and zero-advantage rows, the token-clip variant against gmpo_loss, unknown names."""
+"""The float64 references of the variants (the paper's ablations, ``gmpo_variants``' ``*_reference``
+functions): hand cases, empty and zero-advantage rows, the token-clip variant against
+``reference.gmpo_loss``, unknown names."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import numpy as np
 import pytest
 
 from gmpo_core import reference
+from tests.variants._references import variant_loss
 
 NAN, INF = math.nan, math.inf
 EXACT = 1e-12  # hand cases: only float64 rounding separates the two sides
@@ -52,9 +55,7 @@ VARIANT_CASES = [
 def test_variant_hand_cases(
     variant: str, eps: float, eps_high: float | None, expected: float
 ) -> None:
-    value = reference.variant_loss(
-        **_variant_case(), variant=variant, epsilon=eps, epsilon_high=eps_high
-    )
+    value = variant_loss(**_variant_case(), variant=variant, epsilon=eps, epsilon_high=eps_high)
     assert value == pytest.approx(expected, abs=EXACT)
 
 
@@ -70,7 +71,7 @@ def test_variant_empty_and_zero_advantage_rows(
     case["advantages"] = [*case["advantages"], 3.0, 0.0]
     case["mask"] = [*case["mask"], [0, 0, 0], [1, 1, 1]]
     with np.errstate(all="raise"):
-        value = reference.variant_loss(**case, variant=variant, epsilon=eps, epsilon_high=eps_high)
+        value = variant_loss(**case, variant=variant, epsilon=eps, epsilon_high=eps_high)
     assert value == pytest.approx(expected / 2, abs=EXACT)
 
 
@@ -78,11 +79,16 @@ def test_token_clip_variant_is_gmpo_loss() -> None:
     rng = np.random.default_rng(7)
     logp, old = rng.normal(-1, 0.6, (4, 7)), rng.normal(-1, 0.6, (4, 7))
     adv, mask = rng.normal(size=4), rng.random((4, 7)) < 0.7
-    value = reference.variant_loss(logp, old, adv, mask, variant="token_clip", epsilon=0.25)
+    value = variant_loss(logp, old, adv, mask, variant="token_clip", epsilon=0.25)
     assert value == reference.gmpo_loss(logp, old, adv, mask, epsilon=0.25).loss
-    assert value != reference.variant_loss(logp, old, adv, mask, variant="no_clip")
+    assert value != variant_loss(logp, old, adv, mask, variant="no_clip")
 
 
 def test_unknown_variant_lists_valid_names() -> None:
     with pytest.raises(ValueError, match=r"token_clip.*sequence_clip.*grpo_arithmetic"):
-        reference.variant_loss(**_variant_case(), variant="geo_mean")
+        variant_loss(**_variant_case(), variant="geo_mean")
+
+
+def test_bad_epsilon_raises() -> None:
+    with pytest.raises(ValueError, match="epsilon"):
+        variant_loss(**_variant_case(), variant="sequence_clip", epsilon=0.0)

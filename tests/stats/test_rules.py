@@ -1,11 +1,12 @@
-"""gmpo_tasks.rules: the collapse rule and the sign test of docs/study.md, on made-up curves and
+"""gmpo_stats: the collapse rule and the sign test of docs/study.md, on made-up curves and
 hand-worked values (the study's tables and ``gmpo compare``'s summary both read them)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gmpo_tasks.rules import collapse, paired, pooled, sign_test_p
+from gmpo_stats.outcome import collapse
+from gmpo_stats.paired import paired, pooled, sign_test_p
 
 
 def test_collapse_rule_on_a_made_up_curve() -> None:

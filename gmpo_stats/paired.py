@@ -1,0 +1,67 @@
+"""Paired comparisons of two variants' runs, by rules fixed before any result (docs/study.md).
+
+The sign test of GMPO against another variant: pairs are the two variants' runs with the same
+learning rate, gradient clip and seed, pooled over every cell; a pair is a win when GMPO's final
+reward is higher, a loss when it is lower, a tie otherwise (dropped). H0: wins and losses are
+equally likely; H1 (one-sided): GMPO wins more often. p = P(Binomial(n, 1/2) >= wins).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+
+def holm(ps: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the order given: the k-th smallest p times
+    (m - k + 1), made monotone, at most 1."""
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    out = [0.0] * len(ps)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        out[i] = running
+    return out
+
+
+def sign_test_p(wins: int, losses: int) -> float:
+    """One-sided exact sign test: P(X >= wins) for X ~ Binomial(wins + losses, 1/2)."""
+    n = wins + losses
+    return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n
+
+
+def cell_of(r: dict[str, Any]) -> tuple[float, float | None]:
+    """A run record's cell: (learning rate, gradient clip)."""
+    return (r["lr"], r["grad_clip"])
+
+
+class Paired(NamedTuple):
+    wins: int
+    losses: int
+    ties: int
+
+    @property
+    def p(self) -> float:
+        return sign_test_p(self.wins, self.losses)
+
+
+def paired(records: Iterable[dict[str, Any]], a: str, b: str) -> dict[Any, Paired]:
+    """Per cell, ``a`` against ``b`` on the same seed (final reward): wins, losses, ties of ``a``."""
+    final = {(r["method"], *cell_of(r), r["seed"]): r["final_reward"] for r in records}
+    out: dict[Any, list[int]] = {}
+    for (method, lr, clip, seed), fa in final.items():
+        fb = final.get((b, lr, clip, seed))
+        if method != a or fb is None:
+            continue
+        counts = out.setdefault((lr, clip), [0, 0, 0])
+        counts[0 if fa > fb else 1 if fa < fb else 2] += 1
+    return {cell: Paired(*c) for cell, c in sorted(out.items(), key=lambda kv: cell_order(kv[0]))}
+
+
+def pooled(per_cell: dict[Any, Paired]) -> Paired:
+    return Paired(*(sum(p[i] for p in per_cell.values()) for i in range(3)))
+
+
+def cell_order(cell: tuple[float, float | None]) -> tuple[float, float]:
+    return (cell[0], -1.0 if cell[1] is None else cell[1])
