@@ -69,7 +69,7 @@ def test_registering_another_function_under_a_taken_name_raises() -> None:
     with pytest.raises(ValueError, match="'gmpo' is already registered to gmpo_variants"):
         register("gmpo", label="x")(other)
     gmpo = VARIANTS["gmpo"]
-    with pytest.raises(ValueError, match="already registered .* with other settings"):
+    with pytest.raises(ValueError, match=r"already registered .* with other settings"):
         register("gmpo", label="GMPO again")(gmpo.loss)
     settings = {"label": gmpo.label, "bounds": gmpo.bounds, "reference": gmpo.reference}
     assert register("gmpo", **settings)(gmpo.loss) is gmpo.loss  # the same: a no-op
