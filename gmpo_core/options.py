@@ -57,6 +57,24 @@ def check_beta(beta: object, has_ref_logp: bool) -> float:
     return value
 
 
+#: The largest |p| a power mean takes (docs/semantics.md S17). Its gradient is scaled by 1/p
+#: and then by p, with 1/(p n) in between: at 3e38 even a row of one token takes that
+#: below float32's normal range (1.2e-38); at 1e18, a row of 8e19 tokens would.
+MAX_POWER = 1e18
+
+
+def check_power(p: object, name: str = "p") -> float:
+    """``p``, the exponent of a power mean, is a real number with ``|p| <= MAX_POWER``;
+    return it as a float. A tensor is refused (not a real number to Python)."""
+    value = as_float(p)
+    if value is None or not -MAX_POWER <= value <= MAX_POWER:
+        raise ValueError(
+            f"{name} must be a finite number with |{name}| <= {MAX_POWER:g} (the exponent of the "
+            f"power mean), got {p!r}"
+        )
+    return value
+
+
 def is_real(x: object) -> bool:
     return isinstance(x, Real) and not isinstance(x, bool)
 

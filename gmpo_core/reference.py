@@ -300,3 +300,71 @@ def _segment_positions(
     rows = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
     cols = np.arange(token_shape[0], dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), lengths)
     return rows, cols
+
+
+# --------------------------------------------------------------------------- power means
+
+
+@dataclass(frozen=True)
+class PowerMeanResult:
+    """Output of :func:`masked_power_mean`.
+
+    Shape:
+        value: (B,); grad: (B, T).
+    """
+
+    value: Float64Array
+    grad: Float64Array
+
+
+# below this |p|·max|x − mean|, the cumulant series (its next term is under 1e-13·max|x − mean|)
+_CUMULANT_SERIES_BELOW = 1e-3
+
+
+def masked_power_mean(log_values: ArrayLike, mask: ArrayLike, p: float) -> PowerMeanResult:
+    """Log of the power mean of exp(x) over each row's valid positions (docs/semantics.md S17)
+    and its gradient.
+
+    value_i = (1/p)·log( Σ_t valid·exp(p·x_t) / n_i ) for p ≠ 0, Σ_t valid·x_t / n_i at p = 0,
+    0 for an empty row. With μ the row's mean and d_t = x_t − μ it is computed as
+
+    - μ + p·κ₂/2 + p²·κ₃/6 + p³·κ₄/24 where |p|·max|d| ≤ 1e-3: the cumulant series of
+      log mean exp(p·d) (κ₂ = m₂, κ₃ = m₃, κ₄ = m₄ − 3m₂², m_k the central moments), divided
+      by p; it converges for |p|·max|d| < π/2;
+    - μ + (max(p·d) + log mean exp(p·d − max(p·d))) / p elsewhere.
+
+    grad_t = ∂value_i/∂x_t = exp(p·x_t) / Σ_s valid·exp(p·x_s) at valid tokens (1/n_i at p = 0),
+    0 elsewhere.
+
+    Shape:
+        log_values, mask: (B, T) -> value (B,), grad (B, T).
+    """
+    x = _as_float64(log_values, "log_values")
+    if x.ndim != 2:
+        raise ValueError(f"log_values must have shape (B, T), got {x.shape}")
+    valid = _as_float64(mask, "mask") != 0
+    if valid.shape != x.shape:
+        raise ValueError(f"mask must have the shape of log_values {x.shape}, got {valid.shape}")
+    p = float(p)
+    if not math.isfinite(p):
+        raise ValueError(f"p must be finite, got {p}")
+    x = np.where(valid, x, 0.0)  # masked values never enter the arithmetic
+    value = np.zeros(x.shape[0])
+    grad = np.zeros(x.shape)
+    for i in range(x.shape[0]):
+        v = x[i][valid[i]]
+        if v.size == 0:
+            continue
+        mu = math.fsum(v) / v.size
+        d = v - mu
+        z = p * d
+        w = np.exp(z - z.max())
+        grad[i][valid[i]] = w / w.sum()
+        if p == 0:
+            value[i] = mu
+        elif abs(p) * np.abs(d).max() <= _CUMULANT_SERIES_BELOW:
+            m2, m3, m4 = (float(np.mean(d**k)) for k in (2, 3, 4))
+            value[i] = mu + p * m2 / 2 + p**2 * m3 / 6 + p**3 * (m4 - 3 * m2**2) / 24
+        else:
+            value[i] = mu + (z.max() + math.log(float(np.mean(np.exp(z - z.max()))))) / p
+    return PowerMeanResult(value, grad)

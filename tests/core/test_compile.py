@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
 
-from gmpo_core import _math, compiled, gmpo_loss
+from gmpo_core import _math, compiled, gmpo_loss, masked_power_mean
 from tests import _helpers
 
 
@@ -322,3 +322,40 @@ def test_metrics_trace_into_one_graph(impl: str) -> None:
     assert metrics.keys() == expected.metrics.keys()
     for k, v in expected.metrics.items():
         torch.testing.assert_close(metrics[k], v, equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", ["counter", "inductor"])
+def test_power_mean_traces_without_breaks(backend: str) -> None:
+    """``masked_power_mean`` in a user's ``torch.compile(fullgraph=True)``: no graph break, one
+    graph across shapes for a fixed p, at most one per p when p is an argument (its sign, 0 and
+    the expansion are chosen in Python; torch 2.4 specializes on every float), the eager values
+    and gradients. Inductor compiles the fixed p only (seconds a graph)."""
+    counters = (CompileCounter(), CompileCounter())
+    compilers: tuple[Any, Any] = counters if backend == "counter" else ("inductor", "inductor")
+
+    def fixed(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return masked_power_mean(x, mask, -1.0)
+
+    def given_p(x: torch.Tensor, mask: torch.Tensor, p: float) -> torch.Tensor:
+        return masked_power_mean(x, mask, p)
+
+    fixed_c = torch.compile(fixed, backend=compilers[0], fullgraph=True, dynamic=True)
+    given_c = torch.compile(given_p, backend=compilers[1], fullgraph=True, dynamic=True)
+    powers = (0.5, 2.0, -1.0, 0.0, 1e-30) if backend == "counter" else ()
+    for b, t in ((3, 8), (5, 13), (4, 2)):
+        g = torch.Generator().manual_seed(b)
+        x = (torch.randn(b, t, generator=g) * 10).requires_grad_()
+        mask = torch.rand(b, t, generator=g) > 0.3
+        mask[0] = False  # an empty row
+        for fn, eager, p in [(fixed_c, fixed, None), *[(given_c, given_p, q) for q in powers]]:
+            extra = () if p is None else (p,)
+            out = fn(x, mask, *extra)
+            expected = eager(x, mask, *extra)
+            torch.testing.assert_close(out, expected)
+            ups = torch.randn(b, generator=g)
+            (grad,) = torch.autograd.grad(out, x, ups)
+            (expected_grad,) = torch.autograd.grad(expected, x, ups)
+            torch.testing.assert_close(grad, expected_grad)
+    if backend == "counter":
+        assert counters[0].frame_count == 1
+        assert 1 <= counters[1].frame_count <= len(powers)
