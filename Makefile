@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-regime
+.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-confirm-analysis study-confirm-reruns study-regime
 
 setup: $(STAMP)
 
@@ -117,12 +117,38 @@ study-confirm: setup
 	$(CONFIRM) --task reverse --grad-clip none,1.0 --out runs/study-confirm/reverse
 	$(CONFIRM) --task add --grad-clip none --out runs/study-confirm/add
 	$(CONFIRM) --task add --grad-clip none,1.0 --out runs/study-confirm/add
-	$(BIN)/python -m studies.stability.confirm runs/study-confirm/reverse runs/study-confirm/add \
-		--out results/study-confirm
 	for t in reverse add; do mkdir -p results/study-confirm/$$t && \
 		cp runs/study-confirm/$$t/summary.md runs/study-confirm/$$t/summary.json \
 		runs/study-confirm/$$t/curves.jsonl runs/study-confirm/$$t/invocations.jsonl \
 		results/study-confirm/$$t/; done
+	$(MAKE) study-confirm-analysis
+
+## The analysis alone (seconds), from the sweeps' files in results/study-confirm/: the plan's
+## tables and, beside them, the unplanned ones (the seed as the unit, each cell, all steps)
+study-confirm-analysis: setup
+	$(BIN)/python -m studies.stability.confirm results/study-confirm/reverse \
+		results/study-confirm/add --out results/study-confirm
+
+## docs/study_confirm.md's reruns (about 6 minutes of CPU): one run of the grid again (reverse,
+## seed 1000, grpo without clipping), twice, the second recomputed (--fresh): is a rerun
+## bit-identical to the grid's run, and to itself? And add at lower learning rates, grpo and gmpo
+## on seeds 1000-1002. results/study-confirm/reruns/ (reruns.md: each rerun beside the grid)
+RERUN = $(BIN)/python -m studies.stability --task reverse --methods grpo --lr 2e-3 \
+	--grad-clip none --seeds 1000 --workers 1
+RERUNS = runs/study-confirm-reruns
+study-confirm-reruns: setup
+	$(RERUN) --out $(RERUNS)/reverse-seed1000
+	$(RERUN) --fresh --out $(RERUNS)/reverse-seed1000-again
+	$(BIN)/python -m studies.stability --task add --methods grpo,gmpo --lr 1e-3,5e-4 \
+		--grad-clip none --seeds 1000,1001,1002 --out $(RERUNS)/add-lower-lr
+	for d in reverse-seed1000 reverse-seed1000-again add-lower-lr; do \
+		mkdir -p results/study-confirm/reruns/$$d && \
+		cp $(RERUNS)/$$d/summary.md $(RERUNS)/$$d/summary.json $(RERUNS)/$$d/curves.jsonl \
+		$(RERUNS)/$$d/invocations.jsonl results/study-confirm/reruns/$$d/; done
+	$(BIN)/python -m studies.stability.reruns results/study-confirm/reverse results/study-confirm/add \
+		--reruns results/study-confirm/reruns/reverse-seed1000 \
+		results/study-confirm/reruns/reverse-seed1000-again results/study-confirm/reruns/add-lower-lr \
+		--out results/study-confirm/reruns
 
 ## docs/study.md's regime question (exploratory): grpo_wide and gmpo at 5e-3 on seeds 500-502, in
 ## this study's setup and with one difference from the other setup at a time; results/study-regime/
