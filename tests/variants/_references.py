@@ -13,6 +13,7 @@ from gmpo_variants.ablations import (
 )
 from gmpo_variants.gmpo import token_clip_reference
 from gmpo_variants.grpo import grpo_arithmetic_reference
+from gmpo_variants.power import power_mean_reference
 
 REFERENCES: dict[str, Callable[..., float]] = {
     "token_clip": token_clip_reference,
@@ -20,6 +21,7 @@ REFERENCES: dict[str, Callable[..., float]] = {
     "no_clip": no_clip_reference,
     "no_length_norm": no_length_norm_reference,
     "grpo_arithmetic": grpo_arithmetic_reference,
+    "power_mean": power_mean_reference,
 }
 
 

@@ -38,6 +38,7 @@ VARIANT_OF = {
     "grpo_arithmetic_loss": "grpo_arithmetic",
     "asymmetric_clip_loss": "token_clip",
     "asymmetric_clip_from_blocks": "token_clip",
+    "power_mean_loss": "power_mean",
 }
 HELPERS = {"masked_log_ratio", "policy_loss"}
 SIGNATURE = ["logp", "old_logp", "advantages", "mask", "epsilon", "epsilon_high"]
@@ -126,7 +127,7 @@ def _differentiable(batch: Batch, variant: str) -> bool:
     float32 and float64 agree on which side of every bound each value is)."""
     eps_l = batch.kwargs["epsilon"]
     eps_h = batch.kwargs.get("epsilon_high") or eps_l
-    if variant in ("token_clip", "no_length_norm"):
+    if variant in ("token_clip", "no_length_norm", "power_mean"):
         return well_conditioned(batch, MARGIN)
     if variant == "no_clip":
         return True
@@ -170,6 +171,9 @@ HAND_EXPECTED = {
     # GRPO, ratio clip [0.6, 1.4]: row 0 (A > 0) min(rho, 1.4) = [e^0.1, 1.4], loss -(e^0.1 + 1.4)/2;
     #   row 1 (A < 0) A max(rho, 0.6) = -2 [0.6, 0.6, 1] (e^-0.9 = 0.41, e^-0.6 = 0.55), loss 4.4/3.
     "grpo_arithmetic": (-(exp(0.1) + 1.4) / 2 + 4.4 / 3) / 3,
+    # power mean p = -1 (harmonic) of the clipped ratios: row 0 c = [0.1, 0.4],
+    #   M = 2 / (e^-0.1 + e^-0.4), loss -M; row 1 c = [-0.4, -0.4, 0], M = 3 / (2 e^0.4 + 1), loss 2M.
+    "power_mean": (-2 / (exp(-0.1) + exp(-0.4)) + 2 * 3 / (2 * exp(0.4) + 1)) / 3,
 }
 
 

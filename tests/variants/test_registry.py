@@ -203,7 +203,7 @@ def _page_functions() -> dict[str, str]:
 
 def _package_functions() -> dict[str, object]:
     out: dict[str, object] = {}
-    for module in ("recipes", "gmpo", "ablations", "grpo"):
+    for module in ("recipes", "gmpo", "ablations", "grpo", "power"):
         mod = sys.modules.get(f"gmpo_variants.{module}") or __import__(
             f"gmpo_variants.{module}", fromlist=["_"]
         )
@@ -222,3 +222,20 @@ def test_the_recipes_page_shows_the_package() -> None:
         assert source == inspect.getsource(package[name]).strip(), (  # type: ignore[arg-type]
             f"docs/recipes.md's {name} differs from gmpo_variants' {name}"
         )
+
+
+def test_the_power_mean_at_1_is_grpo_wide_and_at_0_gmpo() -> None:
+    """p = 1 of the log-space clipped ratios is the arithmetic mean of PPO's clipped ratios in
+    ratio space at (e^-0.4, e^0.4); p = 0 is GMPO's geometric mean."""
+    from gmpo_variants.gmpo import gmpo_from_blocks
+    from gmpo_variants.power import power_mean_loss
+
+    args = _inputs()
+    assert float(VARIANTS["pmpo_1"](*args)[0]) == pytest.approx(
+        float(VARIANTS["grpo_wide"](*args)[0]), rel=1e-12
+    )
+    assert float(power_mean_loss(*args, p=0.0)) == pytest.approx(
+        float(gmpo_from_blocks(*args)), rel=1e-12
+    )
+    hmpo, half, gmpo = (float(VARIANTS[n](*args)[0]) for n in ("hmpo", "pmpo_0.5", "gmpo"))
+    assert len({hmpo, half, gmpo}) == 3
