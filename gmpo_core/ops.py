@@ -13,7 +13,7 @@ from torch import Tensor
 
 from gmpo_core import _checks, _counts, _math, _power
 from gmpo_core.metrics import ClipStats
-from gmpo_core.options import check_hyperparameters, check_power
+from gmpo_core.options import EPSILON, check_hyperparameters, check_power
 
 
 def _hyper(epsilon: float, epsilon_high: float | None, dual_clip: float | None) -> _math.Hyper:
@@ -52,7 +52,7 @@ def _log_ratio_rows(
 
 
 def clip_log_ratio(
-    log_ratio: Tensor, *, epsilon: float = 0.4, epsilon_high: float | None = None
+    log_ratio: Tensor, *, epsilon: float = EPSILON, epsilon_high: float | None = None
 ) -> Tensor:
     """Two-sided clip of log-ratios to ``[-epsilon, epsilon_high]``: ``clip(rho, e^-eps, e^eps_h)``.
 
@@ -73,7 +73,7 @@ def trust_region_log_ratio(
     log_ratio: Tensor,
     advantages: Tensor,
     *,
-    epsilon: float = 0.4,
+    epsilon: float = EPSILON,
     epsilon_high: float | None = None,
     dual_clip: float | None = None,
     cu_seqlens: Tensor | None = None,
@@ -189,7 +189,7 @@ def clip_metrics(
     advantages: Tensor,
     mask: Tensor,
     *,
-    epsilon: float = 0.4,
+    epsilon: float = EPSILON,
     epsilon_high: float | None = None,
     dual_clip: float | None = None,
     cu_seqlens: Tensor | None = None,

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from gmpo_core.options import EPSILON, upper
+
 Float64Array = NDArray[np.float64]
 BoolArray = NDArray[np.bool_]
 
@@ -54,7 +56,9 @@ def _as_float64(x: ArrayLike, name: str) -> Float64Array:
 
 
 def check_epsilons(epsilon: float, epsilon_high: float | None) -> tuple[float, float]:
-    eps_h = epsilon if epsilon_high is None else epsilon_high
+    """``(epsilon, epsilon_high)`` as floats, ``epsilon_high`` None meaning ``epsilon``; each
+    finite and > 0."""
+    eps_h = upper(epsilon, epsilon_high)
     for name, value in (("epsilon", epsilon), ("epsilon_high", eps_h)):
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"{name} must be finite and > 0, got {value}")
@@ -126,7 +130,7 @@ def gmpo_loss(
     advantages: ArrayLike,
     mask: ArrayLike,
     *,
-    epsilon: float = 0.4,
+    epsilon: float = EPSILON,
     epsilon_high: float | None = None,
     beta: float = 0.0,
     ref_logp: ArrayLike | None = None,

@@ -46,22 +46,33 @@ def decode(ids: Sequence[int], vocab: str = VOCAB) -> str:
     return "".join(vocab[i] for i in ids)
 
 
-def char_tokenizer(vocab_size: int | None = None, *, alphabet: str = CHARS) -> Any:
+def char_tokenizer(
+    vocab_size: int | None = None,
+    *,
+    alphabet: str = CHARS,
+    specials: tuple[str, ...] = SPECIALS,
+    eos: str = SPECIALS[1],
+) -> Any:
     """A left-padding character tokenizer (``PreTrainedTokenizerFast``) of ``alphabet`` after
-    :data:`SPECIALS`, built without the hub. ``vocab_size`` pads the vocabulary with dummy tokens
-    ``<xI>`` (a model with a large head)."""
+    ``specials`` (the first is the padding token, ``eos`` the end of a sequence; those after it
+    are special tokens too), built without the hub. ``vocab_size`` pads the vocabulary with
+    dummy tokens ``<xI>`` (a model with a large head)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    base = (*SPECIALS, *alphabet)
+    base = (*specials, *alphabet)
     if vocab_size is not None and vocab_size < len(base):
         raise ValueError(f"vocab_size must be at least {len(base)}, got {vocab_size}")
     vocab = {tok: i for i, tok in enumerate(base)}
     vocab.update({f"<x{i}>": i for i in range(len(base), vocab_size or 0)})
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=specials[0]))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", padding_side="left"
+    extra = [t for t in specials[1:] if t != eos]
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token=specials[0],
+        eos_token=eos,
+        padding_side="left",
+        **({"additional_special_tokens": extra} if extra else {}),
     )
-    return tok

@@ -12,6 +12,7 @@ from numpy.typing import ArrayLike
 from torch import Tensor
 
 from gmpo_core import masked_geometric_mean, reference, trust_region_log_ratio
+from gmpo_core.options import EPSILON
 from gmpo_variants.recipes import (
     masked_log_ratio,
     policy_loss,
@@ -22,7 +23,7 @@ from gmpo_variants.registry import register
 
 
 def sequence_clip_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
-    epsilon: float = 0.4, epsilon_high: float | None = None) -> Tensor:  # fmt: skip
+    epsilon: float = EPSILON, epsilon_high: float | None = None) -> Tensor:  # fmt: skip
     """Ablation: clip the sequence's mean log-ratio instead of each token's."""
     r, valid = masked_log_ratio(logp, old_logp, mask)  # (B, T)
     s = masked_geometric_mean(r, valid)  # (B,) unclipped mean log-ratio
@@ -31,7 +32,7 @@ def sequence_clip_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask:
 
 
 def no_length_norm_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
-    epsilon: float = 0.4, epsilon_high: float | None = None) -> Tensor:  # fmt: skip
+    epsilon: float = EPSILON, epsilon_high: float | None = None) -> Tensor:  # fmt: skip
     """Ablation: the product of the clipped token ratios, without the 1/|o| root."""
     r, valid = masked_log_ratio(logp, old_logp, mask)  # (B, T)
     c = trust_region_log_ratio(r, advantages, epsilon=epsilon, epsilon_high=epsilon_high)  # (B, T)
@@ -40,7 +41,7 @@ def no_length_norm_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask
 
 
 def no_clip_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
-    epsilon: float = 0.4, epsilon_high: float | None = None) -> Tensor:  # fmt: skip
+    epsilon: float = EPSILON, epsilon_high: float | None = None) -> Tensor:  # fmt: skip
     """Ablation: the geometric mean of the unclipped ratios (epsilon is ignored)."""
     r, valid = masked_log_ratio(logp, old_logp, mask)  # (B, T)
     return policy_loss(advantages, masked_geometric_mean(r, valid), valid)
@@ -50,7 +51,7 @@ def no_clip_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tenso
 
 
 def sequence_clip_reference(logp: ArrayLike, old_logp: ArrayLike, advantages: ArrayLike,
-    mask: ArrayLike, epsilon: float = 0.4, epsilon_high: float | None = None) -> float:  # fmt: skip
+    mask: ArrayLike, epsilon: float = EPSILON, epsilon_high: float | None = None) -> float:  # fmt: skip
     """-A_i·exp(l_i), l_i = min(s_i, ε_h) if A_i >= 0 else max(s_i, -ε_l)."""
     eps_l, eps_h = reference.check_epsilons(epsilon, epsilon_high)
     r, adv, _, n = reference_inputs(logp, old_logp, advantages, mask)
@@ -61,7 +62,7 @@ def sequence_clip_reference(logp: ArrayLike, old_logp: ArrayLike, advantages: Ar
 
 
 def no_length_norm_reference(logp: ArrayLike, old_logp: ArrayLike, advantages: ArrayLike,
-    mask: ArrayLike, epsilon: float = 0.4, epsilon_high: float | None = None) -> float:  # fmt: skip
+    mask: ArrayLike, epsilon: float = EPSILON, epsilon_high: float | None = None) -> float:  # fmt: skip
     """-A_i·exp(sum_t valid·c_t): the product of the clipped ratios, no n-th root."""
     eps_l, eps_h = reference.check_epsilons(epsilon, epsilon_high)
     r, adv, valid, n = reference_inputs(logp, old_logp, advantages, mask)
@@ -70,7 +71,7 @@ def no_length_norm_reference(logp: ArrayLike, old_logp: ArrayLike, advantages: A
 
 
 def no_clip_reference(logp: ArrayLike, old_logp: ArrayLike, advantages: ArrayLike,
-    mask: ArrayLike, epsilon: float = 0.4, epsilon_high: float | None = None) -> float:  # fmt: skip
+    mask: ArrayLike, epsilon: float = EPSILON, epsilon_high: float | None = None) -> float:  # fmt: skip
     """-A_i·exp(s_i) (epsilon is ignored)."""
     r, adv, _, n = reference_inputs(logp, old_logp, advantages, mask)
     return reference_policy_loss(adv, r.sum(axis=1) / np.maximum(n, 1.0), n)
@@ -90,10 +91,10 @@ def gmpo_noclip(
 @register(
     "gmpo_seqclip",
     label="GMPO, sequence-level clip ± 0.4",
-    reference=functools.partial(sequence_clip_reference, epsilon=0.4),
+    reference=functools.partial(sequence_clip_reference, epsilon=EPSILON),
 )
 def gmpo_seqclip(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, epsilon: float = 0.4
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, epsilon: float = EPSILON
 ) -> tuple[Tensor, Tensor]:
     """:func:`sequence_clip_loss`, the paper's sequence-level clip: the row's mean log-ratio goes
     through the trust region; the clipped fraction counts the tokens of clipped rows."""

@@ -20,12 +20,13 @@ from gmpo_core import (
     reference,
     trust_region_log_ratio,
 )
+from gmpo_core.options import EPSILON
 from gmpo_variants.recipes import masked_log_ratio, policy_loss
 from gmpo_variants.registry import register
 
 
 def gmpo_from_blocks(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
-    epsilon: float = 0.4, epsilon_high: float | None = None) -> Tensor:  # fmt: skip
+    epsilon: float = EPSILON, epsilon_high: float | None = None) -> Tensor:  # fmt: skip
     """GMPO (paper Eq. 4): per-token log-space clip, then the geometric mean of the ratios."""
     r, valid = masked_log_ratio(logp, old_logp, mask)  # (B, T)
     c = trust_region_log_ratio(r, advantages, epsilon=epsilon, epsilon_high=epsilon_high)  # (B, T)
@@ -34,7 +35,7 @@ def gmpo_from_blocks(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: T
 
 
 def asymmetric_clip_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
-    epsilon: float = 0.4, epsilon_high: float | None = 0.6, *, impl: str = "plain") -> Tensor:  # fmt: skip
+    epsilon: float = EPSILON, epsilon_high: float | None = 0.6, *, impl: str = "plain") -> Tensor:  # fmt: skip
     """GMPO with the clip range (e^-epsilon, e^epsilon_high)."""
     out = gmpo_loss(
         logp, old_logp, advantages, mask, epsilon=epsilon, epsilon_high=epsilon_high, impl=impl
@@ -43,7 +44,7 @@ def asymmetric_clip_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mas
 
 
 def asymmetric_clip_from_blocks(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
-    epsilon: float = 0.4, epsilon_high: float | None = 0.6) -> Tensor:  # fmt: skip
+    epsilon: float = EPSILON, epsilon_high: float | None = 0.6) -> Tensor:  # fmt: skip
     """GMPO with an asymmetric clip range, through PPO's min/max form of the trust region."""
     r, valid = masked_log_ratio(logp, old_logp, mask)  # (B, T)
     clipped = clip_log_ratio(r, epsilon=epsilon, epsilon_high=epsilon_high)  # (B, T)
@@ -53,7 +54,7 @@ def asymmetric_clip_from_blocks(logp: Tensor, old_logp: Tensor, advantages: Tens
 
 
 def token_clip_reference(logp: ArrayLike, old_logp: ArrayLike, advantages: ArrayLike,
-    mask: ArrayLike, epsilon: float = 0.4, epsilon_high: float | None = None) -> float:  # fmt: skip
+    mask: ArrayLike, epsilon: float = EPSILON, epsilon_high: float | None = None) -> float:  # fmt: skip
     """The float64 counterpart: ``gmpo_core.reference.gmpo_loss``'s value."""
     return reference.gmpo_loss(
         logp, old_logp, advantages, mask, epsilon=epsilon, epsilon_high=epsilon_high
@@ -61,7 +62,7 @@ def token_clip_reference(logp: ArrayLike, old_logp: ArrayLike, advantages: Array
 
 
 def gmpo_variant(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, epsilon: float = 0.4
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, epsilon: float = EPSILON
 ) -> tuple[Tensor, Tensor]:
     """``gmpo_core.gmpo_loss`` at the log-space clip ±``epsilon``: the loss and the fraction of
     valid tokens the trust region clipped."""
@@ -73,7 +74,7 @@ register(
     "gmpo",
     label="GMPO, log-ratio clip ± 0.4",
     bounds=(0.4, 0.4),
-    reference=functools.partial(token_clip_reference, epsilon=0.4),
+    reference=functools.partial(token_clip_reference, epsilon=EPSILON),
 )(gmpo_variant)
 
 

@@ -15,6 +15,7 @@ from numpy.typing import ArrayLike
 from torch import Tensor
 
 from gmpo_core import clip_metrics, reference
+from gmpo_core.options import EPSILON, upper
 from gmpo_variants.recipes import reference_inputs
 from gmpo_variants.registry import register
 
@@ -22,7 +23,7 @@ from gmpo_variants.registry import register
 def grpo_arithmetic_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
     epsilon: float = 0.2, epsilon_high: float | None = None) -> Tensor:  # fmt: skip
     """GRPO: arithmetic token mean of PPO's clipped ratio objective, clip in ratio space."""
-    eps_high = epsilon if epsilon_high is None else epsilon_high
+    eps_high = upper(epsilon, epsilon_high)  # None means epsilon
     a = advantages[:, None]  # (B, 1)
     valid = (mask != 0) & (a != 0)  # (B, T)
     rho = torch.exp(torch.where(valid, logp - old_logp, 0))  # (B, T)
@@ -47,8 +48,7 @@ def grpo_arithmetic_reference(logp: ArrayLike, old_logp: ArrayLike, advantages: 
 def ratio_bounds(epsilon: float, epsilon_high: float | None = None) -> tuple[float, float]:
     """A ratio-space clip ``[1 - epsilon, 1 + epsilon_high]`` as log-space bounds ``(low,
     high)``: ``(-log(1 - epsilon), log(1 + epsilon_high))``."""
-    eps_high = epsilon if epsilon_high is None else epsilon_high
-    return -math.log1p(-epsilon), math.log1p(eps_high)
+    return -math.log1p(-epsilon), math.log1p(upper(epsilon, epsilon_high))
 
 
 def clipped_fraction(
@@ -77,7 +77,7 @@ def grpo_variant(
     return loss, clipped_fraction((logp - old_logp).detach(), advantages, mask, bounds)
 
 
-WIDE = 0.4  # GMPO's log-space epsilon: grpo_wide's ratio range is (e^-0.4, e^0.4)
+WIDE = EPSILON  # GMPO's log-space epsilon: grpo_wide's ratio range is (e^-0.4, e^0.4)
 _WIDE = {"epsilon": -math.expm1(-WIDE), "epsilon_high": math.expm1(WIDE)}
 
 register(

@@ -15,6 +15,7 @@ from numpy.typing import ArrayLike
 from torch import Tensor
 
 from gmpo_core import masked_power_mean, reference, trust_region_log_ratio
+from gmpo_core.options import EPSILON
 from gmpo_variants.recipes import (
     masked_log_ratio,
     policy_loss,
@@ -25,7 +26,7 @@ from gmpo_variants.registry import register
 
 
 def power_mean_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
-    epsilon: float = 0.4, epsilon_high: float | None = None, p: float = -1.0) -> Tensor:  # fmt: skip
+    epsilon: float = EPSILON, epsilon_high: float | None = None, p: float = -1.0) -> Tensor:  # fmt: skip
     """The power-mean family: per-token log-space clip, then the power mean M_p of the ratios
     (p = 0: GMPO; p = -1: HMPO; p = 1: the arithmetic mean)."""
     r, valid = masked_log_ratio(logp, old_logp, mask)  # (B, T)
@@ -36,7 +37,7 @@ def power_mean_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Te
 
 
 def power_mean_reference(logp: ArrayLike, old_logp: ArrayLike, advantages: ArrayLike,
-    mask: ArrayLike, epsilon: float = 0.4, epsilon_high: float | None = None,
+    mask: ArrayLike, epsilon: float = EPSILON, epsilon_high: float | None = None,
     p: float = -1.0) -> float:  # fmt: skip
     """-A_i·M_p(exp(c_i)) in float64, c the one-sided log-space trust region of each token
     (``gmpo_core.reference.trust_region``) and log M_p ``gmpo_core.reference.masked_power_mean``."""
@@ -57,11 +58,11 @@ def _clipped(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -
     "hmpo",
     label="HMPO: harmonic mean (p = -1) of the clipped ratios, log-ratio clip ± 0.4",
     bounds=(0.4, 0.4),
-    reference=functools.partial(power_mean_reference, epsilon=0.4, p=-1.0),
+    reference=functools.partial(power_mean_reference, epsilon=EPSILON, p=-1.0),
 )
 def hmpo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     """:func:`power_mean_loss` at p = -1 and ε 0.4."""
-    loss = power_mean_loss(logp, old_logp, advantages, mask, epsilon=0.4, p=-1.0)
+    loss = power_mean_loss(logp, old_logp, advantages, mask, epsilon=EPSILON, p=-1.0)
     return loss, _clipped(logp, old_logp, advantages, mask)
 
 
@@ -69,13 +70,13 @@ def hmpo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> tu
     "pmpo_0.5",
     label="power mean p = 0.5 of the clipped ratios, log-ratio clip ± 0.4",
     bounds=(0.4, 0.4),
-    reference=functools.partial(power_mean_reference, epsilon=0.4, p=0.5),
+    reference=functools.partial(power_mean_reference, epsilon=EPSILON, p=0.5),
 )
 def pmpo_half(
     logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
 ) -> tuple[Tensor, Tensor]:
     """:func:`power_mean_loss` at p = 0.5 and ε 0.4: between GMPO (p = 0) and GRPO (p = 1)."""
-    loss = power_mean_loss(logp, old_logp, advantages, mask, epsilon=0.4, p=0.5)
+    loss = power_mean_loss(logp, old_logp, advantages, mask, epsilon=EPSILON, p=0.5)
     return loss, _clipped(logp, old_logp, advantages, mask)
 
 
@@ -83,13 +84,13 @@ def pmpo_half(
     "pmpo_1",
     label="power mean p = 1 of the clipped ratios (GRPO, ratio clip (e^-0.4, e^0.4))",
     bounds=(0.4, 0.4),
-    reference=functools.partial(power_mean_reference, epsilon=0.4, p=1.0),
+    reference=functools.partial(power_mean_reference, epsilon=EPSILON, p=1.0),
 )
 def pmpo_one(
     logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
 ) -> tuple[Tensor, Tensor]:
     """:func:`power_mean_loss` at p = 1 and ε 0.4: the arithmetic mean, ``grpo_wide``'s loss."""
-    loss = power_mean_loss(logp, old_logp, advantages, mask, epsilon=0.4, p=1.0)
+    loss = power_mean_loss(logp, old_logp, advantages, mask, epsilon=EPSILON, p=1.0)
     return loss, _clipped(logp, old_logp, advantages, mask)
 
 

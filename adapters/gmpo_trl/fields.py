@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from gmpo_core.options import EPSILON
+
 Tag = Literal["honoured", "rejected", "irrelevant"]
 
 _H: Tag = "honoured"
@@ -163,7 +165,7 @@ class Option:
 #: it without importing TRL). The impl names are ``gmpo_core.options.IMPLS``.
 GMPO_FIELDS: dict[str, Option] = {
     "epsilon": Option(
-        0.4,
+        EPSILON,
         "Lower clip in log space: the token ratio's lower bound is exp(-epsilon). "
         "GMPO recommends 0.4.",
     ),

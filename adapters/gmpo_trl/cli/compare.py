@@ -47,11 +47,12 @@ def configs(parsed: Parsed) -> tuple[Any, Any]:
 def gmpo_settings(config: Any) -> str:
     """What ran as GMPO: its log-space clip, or the loss variant (``loss_variant``) by name and
     label."""
+    from gmpo_core.options import upper
     from gmpo_trl.config import loss_variant
 
     variant = loss_variant(config)
     if variant is None:
-        return f"log-space clip [-{config.epsilon}, {config.epsilon_high or config.epsilon}]"
+        return f"log-space clip [-{config.epsilon}, {upper(config.epsilon, config.epsilon_high)}]"
     return f"loss variant {config.loss_variant!r} ({variant.label})"
 
 

@@ -11,7 +11,12 @@ from typing import Any
 
 from gmpo_trl.cli.arguments import ScriptArguments
 from gmpo_trl.cli.commands import COMMANDS
-from gmpo_trl.cli.defaults import COMMAND_DEFAULTS, COMMON_TRL_OPTIONS, toy_settings
+from gmpo_trl.cli.defaults import (
+    COMMAND_DEFAULTS,
+    COMMON_TRL_OPTIONS,
+    default_output_dir,
+    toy_settings,
+)
 from gmpo_trl.fields import GMPO_FIELDS
 
 
@@ -65,7 +70,7 @@ def short_help(command: str) -> str:
     trl = parser.add_argument_group("training (TRL GRPOConfig, the options most runs set)")
     for name, (metavar, default, text) in COMMON_TRL_OPTIONS.items():
         if name == "output_dir":
-            default = f"gmpo_{command}_output"
+            default = default_output_dir(command)
         default = COMMAND_DEFAULTS.get(command, {}).get(name, default)
         add(trl, name, metavar, default, text)
     help_group = parser.add_argument_group("help")

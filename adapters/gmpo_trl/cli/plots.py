@@ -20,11 +20,17 @@ def log_clip_range(config: Any) -> tuple[float, float] | None:
 
         bounds = loss_variant(config).bounds  # type: ignore[union-attr]
         return None if bounds is None else (-bounds[0], bounds[1])
-    eps = float(config.epsilon)
-    high = float(config.epsilon_high if config.epsilon_high is not None else eps)
+    from gmpo_core.options import upper
+
+    eps, high = float(config.epsilon), float(upper(config.epsilon, config.epsilon_high))
     if getattr(config, "loss_type", "gmpo") == "gmpo":
         return -eps, high
-    return math.log(1 - eps) if eps < 1 else -math.inf, math.log1p(high)
+    if eps >= 1:  # no lower bound in ratio space
+        return -math.inf, math.log1p(high)
+    from gmpo_variants.grpo import ratio_bounds
+
+    low, high = ratio_bounds(eps, high)
+    return -low, high
 
 
 def _clip_lines(ax: Any, bounds: tuple[float, float] | None) -> None:
