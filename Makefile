@@ -89,25 +89,25 @@ figures-bench: setup
 ## learning rates x without/with gradient clipping x 5 seeds, 240 runs of a tiny transformer
 ## reversing 16 digits; about 34 minutes of two idle cores). results/figures-study/all/ (every
 ## method), results/figures-study/ (the three methods of the sign tests, from the same runs):
-## summary.md, summary.json, curves.jsonl and invocations.jsonl (the cost of every invocation in
+## summary.md, summary.json, curves.jsonl.gz and invocations.jsonl (the cost of every invocation in
 ## the runs' directory), and docs/img/study_stability.png; the runs in runs/figures-study (a rerun
 ## reuses every finished run: delete the directory to start afresh).
 figures-study: setup
 	$(BIN)/python -m studies.stability --curves-lr 2e-3 --out runs/figures-study
 	mkdir -p results/figures-study/all
-	cp runs/figures-study/summary.md runs/figures-study/summary.json runs/figures-study/curves.jsonl \
+	cp runs/figures-study/summary.md runs/figures-study/summary.json runs/figures-study/curves.jsonl.gz \
 		runs/figures-study/invocations.jsonl results/figures-study/all/
 	$(BIN)/python -m studies.stability --methods grpo,grpo_wide,gmpo --curves-lr 2e-3 \
 		--out runs/figures-study
 	cp runs/figures-study/summary.md runs/figures-study/summary.json results/figures-study/
-	cp runs/figures-study/curves.jsonl runs/figures-study/invocations.jsonl results/figures-study/
+	cp runs/figures-study/curves.jsonl.gz runs/figures-study/invocations.jsonl results/figures-study/
 	cp runs/figures-study/stability.png docs/img/study_stability.png
 
 ## docs/study.md's confirmatory section, as docs/study_plan.md fixes it: grpo, grpo_wide, gmpo and
 ## gmpo_narrow at learning rate 2e-3, without and with gradient clipping at 1.0, seeds 1000-1019,
 ## on the reverse and add tasks (320 runs; add's clipped cell last, the one the plan drops first);
 ## then the planned analysis. results/study-confirm/: confirm.md and confirm.json, each task's
-## summary.md, summary.json, curves.jsonl and invocations.jsonl (the add warm start's calibration,
+## summary.md, summary.json, curves.jsonl.gz and invocations.jsonl (the add warm start's calibration,
 ## calibration.md, is `python -m studies.stability.calibrate --out results/study-confirm`). The runs
 ## in runs/study-confirm (a rerun reuses every finished run).
 CONFIRM_SEEDS := $(shell seq -s, 1000 1019)
@@ -119,7 +119,7 @@ study-confirm: setup
 	$(CONFIRM) --task add --grad-clip none,1.0 --out runs/study-confirm/add
 	for t in reverse add; do mkdir -p results/study-confirm/$$t && \
 		cp runs/study-confirm/$$t/summary.md runs/study-confirm/$$t/summary.json \
-		runs/study-confirm/$$t/curves.jsonl runs/study-confirm/$$t/invocations.jsonl \
+		runs/study-confirm/$$t/curves.jsonl.gz runs/study-confirm/$$t/invocations.jsonl \
 		results/study-confirm/$$t/; done
 	$(MAKE) study-confirm-analysis
 
@@ -143,7 +143,7 @@ study-confirm-reruns: setup
 		--grad-clip none --seeds 1000,1001,1002 --out $(RERUNS)/add-lower-lr
 	for d in reverse-seed1000 reverse-seed1000-again add-lower-lr; do \
 		mkdir -p results/study-confirm/reruns/$$d && \
-		cp $(RERUNS)/$$d/summary.md $(RERUNS)/$$d/summary.json $(RERUNS)/$$d/curves.jsonl \
+		cp $(RERUNS)/$$d/summary.md $(RERUNS)/$$d/summary.json $(RERUNS)/$$d/curves.jsonl.gz \
 		$(RERUNS)/$$d/invocations.jsonl results/study-confirm/reruns/$$d/; done
 	$(BIN)/python -m studies.stability.reruns results/study-confirm/reverse results/study-confirm/add \
 		--reruns results/study-confirm/reruns/reverse-seed1000 \
@@ -162,7 +162,7 @@ study-regime: setup
 	$(REGIME) --setup beta2=0.99,warm_lr=1e-3,warm_batch=128,tied=false --out runs/study-regime/all
 	for d in base adam_beta2 warm_start model all; do mkdir -p results/study-regime/$$d && \
 		cp runs/study-regime/$$d/summary.md runs/study-regime/$$d/summary.json \
-		runs/study-regime/$$d/curves.jsonl results/study-regime/$$d/; done
+		runs/study-regime/$$d/curves.jsonl.gz results/study-regime/$$d/; done
 	$(BIN)/python -m studies.stability.regime runs/study-regime/base runs/study-regime/adam_beta2 \
 		runs/study-regime/warm_start runs/study-regime/model runs/study-regime/all --out results/study-regime
 

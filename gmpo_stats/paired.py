@@ -54,7 +54,7 @@ class Paired(NamedTuple):
 
 def paired(records: Iterable[dict[str, Any]], a: str, b: str) -> dict[Any, Paired]:
     """Per cell, ``a`` against ``b`` on the same seed (final reward): wins, losses, ties of ``a``."""
-    final = {(r["method"], *cell_of(r), r["seed"]): r["final_reward"] for r in records}
+    final = {(r["variant"], *cell_of(r), r["seed"]): r["final_reward"] for r in records}
     out: dict[Any, list[int]] = {}
     for (method, lr, clip, seed), fa in final.items():
         fb = final.get((b, lr, clip, seed))
@@ -75,7 +75,7 @@ def cell_order(cell: tuple[float, float | None]) -> tuple[float, float]:
 
 def pairs(records: list[dict[str, Any]], a: str, b: str, key: str) -> list[tuple[Any, Any]]:
     """``(a's value, b's value)`` of ``key`` for every seed and cell both methods ran."""
-    by = {(r["method"], *cell_of(r), r["seed"]): r[key] for r in records}
+    by = {(r["variant"], *cell_of(r), r["seed"]): r[key] for r in records}
     return [(v, by[(b, lr, clip, seed)]) for (m, lr, clip, seed), v in sorted(by.items(), key=str)
             if m == a and (b, lr, clip, seed) in by]  # fmt: skip
 
@@ -86,7 +86,7 @@ def seed_pairs(
     """``(a's mean, b's mean)`` of ``key`` over the cells of a seed that both methods ran, one
     pair a seed (in seed order). A boolean ``key`` gives the share of those cells' runs with it
     (the fraction of a seed's runs that failed)."""
-    by = {(r["method"], *cell_of(r), r["seed"]): float(r[key]) for r in records}
+    by = {(r["variant"], *cell_of(r), r["seed"]): float(r[key]) for r in records}
     out = []
     for seed in sorted({s for (_, _, _, s) in by}):
         cells = [(lr, clip) for (m, lr, clip, s) in by if m == a and s == seed
@@ -111,3 +111,28 @@ def mcnemar(values: list[tuple[bool, bool]]) -> dict[str, Any]:
     better = sum((not x) and y for x, y in values)
     worse = sum(x and (not y) for x, y in values)
     return {"better": better, "worse": worse, "p": sign_test_p(better, worse)}
+
+
+def sign_test_two_sided(wins: int, losses: int) -> float:
+    """Two-sided exact sign test: twice the smaller tail of Binomial(wins + losses, 1/2) at
+    ``wins``, at most 1 (1 without pairs)."""
+    return min(1.0, 2 * min(sign_test_p(wins, losses), sign_test_p(losses, wins)))
+
+
+def bootstrap_ci(
+    values: Sequence[float], *, level: float = 0.95, resamples: int = 10_000, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``values`` (the units resampled with
+    replacement ``resamples`` times, from a generator seeded by ``seed``: the same interval
+    every time). NaN for no values."""
+    if not values:
+        return (math.nan, math.nan)
+    import random
+
+    rng = random.Random(seed)
+    n = len(values)
+    means = sorted(statistics.fmean(rng.choices(values, k=n)) for _ in range(resamples))
+    tail = (1 - level) / 2
+    lo = means[min(resamples - 1, max(0, math.floor(tail * resamples)))]
+    hi = means[min(resamples - 1, max(0, math.ceil((1 - tail) * resamples) - 1))]
+    return (lo, hi)

@@ -13,7 +13,7 @@ demonstrations per seed (``gmpo_tasks.warm_start``), then RL from it with each v
 ``gmpo_variants.VARIANTS`` (or ``module:function``) at each learning rate, without and with
 gradient clipping, on each seed (``run.py``). Writes to ``--out``: ``summary.json`` (one record
 per run), ``summary.md`` (collapse counts, means ± std and medians, the sign tests: rules in
-``gmpo_stats``, tables in ``report.py``), ``curves.jsonl`` (every run's per-step metrics),
+``gmpo_stats``, tables in ``report.py``), ``curves.jsonl.gz`` (every run's per-step metrics),
 ``invocations.jsonl`` (the cost of each invocation), ``stability.png``, and the caches ``warm/``
 and ``runs/`` (a rerun reuses a run whose key is unchanged: the variant's definition, learning
 rate, clip, seed, setup and the code it runs; ``sweep.py``).
@@ -39,7 +39,7 @@ from gmpo_variants import VARIANTS, resolve
 from studies.stability.plot import plot
 from studies.stability.report import tables
 from studies.stability.run import Setup
-from studies.stability.sweep import _load, invocations, record, sweep
+from studies.stability.sweep import _load, invocations, record, sweep, write_curves
 
 # the learning rates in run order: the stress point first, then outward (a sweep cut short has
 # whole learning rates, the most informative first); the variants of docs/study.md's sweep
@@ -169,12 +169,12 @@ def main(argv: list[str]) -> int:
     runs, warm, spent = sweep(args, setup)
     wall = time.time() - wall0
     records = [{"task": setup.task_name, **record(j, warm[j[3]], res)} for j, res in runs]
-    curves = [{"method": j[0], "lr": j[1], "grad_clip": j[2], "seed": j[3],
+    curves = [{"variant": j[0], "lr": j[1], "grad_clip": j[2], "seed": j[3],
                "curves": {k: [float(f"{x:.4g}") for x in v] for k, v in res["curves"].items()}}
               for j, res in runs]  # fmt: skip
     out = args.out
     (out / "summary.json").write_text(json.dumps(records, indent=1) + "\n")
-    (out / "curves.jsonl").write_text("".join(json.dumps(c) + "\n" for c in curves))
+    write_curves(out, curves)
     curves_lr = args.curves_lr if args.curves_lr in args.lr else args.lr[0]
     cell = (curves_lr, None if None in args.grad_clip else args.grad_clip[0])
     plot(records, curves, args.variants, cell, out / "stability.png")

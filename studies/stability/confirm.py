@@ -95,8 +95,8 @@ def verdicts(out: dict[str, Any], records: list[dict[str, Any]], tasks: list[str
             lines.append(f"against GMPO: {r['b']} higher than {r['a']} on {r['task']} "
                          f"(one-sided p = {r['p_reverse']:.4f})")  # fmt: skip
     more = [t for t in tasks
-            if sum(r["failed"] for r in records if r["task"] == t and r["method"] == "gmpo")
-            > sum(r["failed"] for r in records if r["task"] == t and r["method"] == "grpo")]  # fmt: skip
+            if sum(r["failed"] for r in records if r["task"] == t and r["variant"] == "gmpo")
+            > sum(r["failed"] for r in records if r["task"] == t and r["variant"] == "grpo")]  # fmt: skip
     if more and len(more) == len(tasks):
         lines.append("against GMPO: gmpo failed in more runs than grpo on every task")
     for metric, _ in MECHANISM_TESTS:
@@ -128,7 +128,7 @@ def report(out: dict[str, Any], records: list[dict[str, Any]], command: str) -> 
             rs = [
                 r
                 for r in records
-                if (r["task"], *cell_of(r)) == (task, lr, clip) and r["method"] == m
+                if (r["task"], *cell_of(r)) == (task, lr, clip) and r["variant"] == m
             ]
             if not rs:
                 continue
@@ -170,7 +170,7 @@ def report(out: dict[str, Any], records: list[dict[str, Any]], command: str) -> 
                 rs = [
                     r
                     for r in records
-                    if (r["task"], *cell_of(r)) == (task, lr, clip) and r["method"] == m
+                    if (r["task"], *cell_of(r)) == (task, lr, clip) and r["variant"] == m
                 ]
                 if rs:
                     lines.append(f"| {task} | {lr:g} | {clip if clip is not None else 'none'} | {m} | "
@@ -185,7 +185,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", type=Path, default=Path("runs/study-confirm"))
     args = p.parse_args(argv)
     records = [r for d in args.runs for r in json.loads((d / "summary.json").read_text())
-               if r["method"] in METHODS]  # fmt: skip
+               if r["variant"] in METHODS]  # fmt: skip
     out = analyse(records)
     out["unplanned"] = unplanned.analyse(records, COMPARISONS, MECHANISM_TESTS,
                                          MECHANISM_COMPARISONS)  # fmt: skip

@@ -20,8 +20,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from studies.stability.sweep import read_curves
+
 #: what identifies a run across sweeps
-KEY = ("task", "method", "lr", "grad_clip", "seed")
+KEY = ("task", "variant", "lr", "grad_clip", "seed")
 #: fields that differ between identical runs (the machine's time)
 VOLATILE = ("cpu_s",)
 
@@ -31,9 +33,8 @@ def load(d: Path) -> dict[tuple[Any, ...], dict[str, Any]]:
     records = json.loads((d / "summary.json").read_text())
     task = records[0]["task"] if records else None
     curves = {}
-    for line in (d / "curves.jsonl").read_text().splitlines():
-        c = json.loads(line)
-        curves[(task, c["method"], c["lr"], c["grad_clip"], c["seed"])] = c["curves"]
+    for c in read_curves(d):
+        curves[(task, c["variant"], c["lr"], c["grad_clip"], c["seed"])] = c["curves"]
     out = {}
     for r in records:
         k = tuple(r[f] for f in KEY)

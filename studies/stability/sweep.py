@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
 import hashlib
 import json
 import multiprocessing
@@ -26,6 +27,22 @@ MECHANISM = ("q01", "q05", "q95", "q99", "spread", "seq_range", "clip_low", "cli
              "length")  # fmt: skip
 FIRST = 20
 Job = tuple[str, float, float | None, int]  # (variant, learning rate, gradient clip, seed)
+#: every run's per-step curves, one JSON line a run, gzip-compressed (a byte-stable file: no
+#: time stamp in the header)
+CURVES_FILE = "curves.jsonl.gz"
+
+
+def write_curves(out: Path, rows: list[dict[str, Any]]) -> None:
+    """:data:`CURVES_FILE` in ``out``: one JSON line per row."""
+    data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    with gzip.GzipFile(out / CURVES_FILE, "wb", compresslevel=9, mtime=0) as f:
+        f.write(data)
+
+
+def read_curves(out: Path) -> list[dict[str, Any]]:
+    """The rows of ``out``'s :data:`CURVES_FILE`."""
+    with gzip.open(out / CURVES_FILE, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def run_name(variant: str, lr: float, clip: float | None, seed: int) -> str:
@@ -56,7 +73,7 @@ def record(job: Job, warm: dict[str, Any], result: dict[str, Any]) -> dict[str, 
         max(-a, b) for a, b in zip(c["log_ratio_min"][:10], c["log_ratio_max"][:10], strict=True)
     ]
     return {
-        "method": variant, "lr": lr, "seed": seed, "grad_clip": clip, "steps": len(c["reward"]),
+        "variant": variant, "lr": lr, "seed": seed, "grad_clip": clip, "steps": len(c["reward"]),
         "final_reward": col.final, "peak_reward": col.peak, "collapsed": col.collapsed,
         "start_reward": float(warm["reward"]), "max_grad_norm": max(c["grad_norm"]),
         "log_ratio_min": min(c["log_ratio_min"]), "log_ratio_max": max(c["log_ratio_max"]),

@@ -40,7 +40,7 @@ def test_sign_test_against_a_value_worked_out_by_hand() -> None:
 
 def test_pairs_are_matched_on_seed_and_cell_and_ties_dropped() -> None:
     def rec(method: str, lr: float, clip: float | None, seed: int, final: float) -> dict:
-        return {"method": method, "lr": lr, "grad_clip": clip, "seed": seed,
+        return {"variant": method, "lr": lr, "grad_clip": clip, "seed": seed,
                 "final_reward": final}  # fmt: skip
 
     records = [

@@ -20,6 +20,7 @@ from studies.stability import __main__ as stability
 from studies.stability import confirm
 from studies.stability.fingerprint import fingerprint
 from studies.stability.run import CURVES, Setup, rl_run, update_stats, warm_start
+from studies.stability.sweep import write_curves
 
 
 def test_failure_sees_the_fall_from_the_warm_start() -> None:
@@ -132,7 +133,7 @@ def _records() -> list[dict]:
             finals = {"grpo": 0.5, "grpo_wide": 0.6, "gmpo": 0.6 if seed < 10 else 0.4,
                       "gmpo_narrow": 0.5}  # fmt: skip
             for m, f in finals.items():
-                out.append({"task": task, "method": m, "lr": 2e-3, "grad_clip": None, "seed": seed,
+                out.append({"task": task, "variant": m, "lr": 2e-3, "grad_clip": None, "seed": seed,
                             "final_reward": f, "peak_reward": 0.7, "start_reward": 0.2,
                             "failed": f < 0.45, "collapsed": False,
                             "spread_first20": 1.0 if m.startswith("gmpo") else 2.0,
@@ -165,14 +166,14 @@ def test_the_analysis_on_made_up_records() -> None:
 def test_the_regime_table_counts_learned_and_failed() -> None:
     from studies.stability import regime
 
-    records = [{"method": "gmpo", "start_reward": 0.2, "final_reward": f, "peak_reward": p,
+    records = [{"variant": "gmpo", "start_reward": 0.2, "final_reward": f, "peak_reward": p,
                 "failed": fail} for f, p, fail in ((0.8, 0.9, False), (0.0, 0.6, True), (0.1, 0.3, True))]  # fmt: skip
     (row,) = regime.rows("base", records)
     assert row.startswith("| base | gmpo | 3 |") and row.endswith("| 2/3 | 2/3 |"), row
 
 
 def _run(task: str, method: str, clip: float | None, seed: int, final: float, **kw) -> dict:  # type: ignore[no-untyped-def]
-    return {"task": task, "method": method, "lr": 2e-3, "grad_clip": clip, "seed": seed,
+    return {"task": task, "variant": method, "lr": 2e-3, "grad_clip": clip, "seed": seed,
             "final_reward": final, "failed": kw.get("failed", final < 0.2),
             "start_reward": kw.get("start", 0.2), "spread_all": kw.get("spread", 1.0),
             "entropy_all": kw.get("entropy", 0.5)}  # fmt: skip
@@ -267,8 +268,8 @@ def test_confirm_md_keeps_the_plans_tables_and_adds_the_rest(tmp_path) -> None: 
                                                 "clip_low", "clip_high", "entropy")
                    for span in ("first20", "all")}}
                for t in ("reverse", "add") for r in _by_seed_records()]  # fmt: skip
-    records += [{**r, "method": m} for r in records for m in ("grpo_wide", "gmpo_narrow")
-                if r["method"] == "grpo"]  # fmt: skip
+    records += [{**r, "variant": m} for r in records for m in ("grpo_wide", "gmpo_narrow")
+                if r["variant"] == "grpo"]  # fmt: skip
     for task in ("reverse", "add"):
         (tmp_path / task).mkdir()
         (tmp_path / task / "summary.json").write_text(
@@ -292,13 +293,12 @@ def test_confirm_md_keeps_the_plans_tables_and_adds_the_rest(tmp_path) -> None: 
 def _sweep(d, runs: list[tuple[int, float, float, list[float]]]) -> None:  # type: ignore[no-untyped-def]
     """A sweep directory: (seed, warm start, CPU s, reward curve) per grpo run of reverse."""
     d.mkdir()
-    records = [{"task": "reverse", "method": "grpo", "lr": 2e-3, "grad_clip": None, "seed": s,
+    records = [{"task": "reverse", "variant": "grpo", "lr": 2e-3, "grad_clip": None, "seed": s,
                 "start_reward": w, "final_reward": c[-1], "peak_reward": max(c), "cpu_s": cpu}
                for s, w, cpu, c in runs]  # fmt: skip
     (d / "summary.json").write_text(json.dumps(records))
-    (d / "curves.jsonl").write_text("".join(
-        json.dumps({"method": "grpo", "lr": 2e-3, "grad_clip": None, "seed": s,
-                    "curves": {"reward": c}}) + "\n" for s, _, _, c in runs))  # fmt: skip
+    write_curves(d, [{"variant": "grpo", "lr": 2e-3, "grad_clip": None, "seed": s,
+                      "curves": {"reward": c}} for s, _, _, c in runs])  # fmt: skip
 
 
 def test_reruns_are_compared_record_and_curve(tmp_path) -> None:  # type: ignore[no-untyped-def]

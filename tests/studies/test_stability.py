@@ -22,12 +22,13 @@ from gmpo_variants.gmpo import gmpo_variant
 from studies.stability import __main__ as stability
 from studies.stability import sweep as sweep_module
 from studies.stability.run import Setup, group_advantages, rl_run, warm_start
+from studies.stability.sweep import read_curves
 from tests._user_code import load_module, run_with_modules
 
 ROOT = Path(__file__).resolve().parents[2]
 
 RECORD_KEYS = {
-    "method": str, "lr": float, "seed": int, "grad_clip": (float, type(None)),
+    "variant": str, "lr": float, "seed": int, "grad_clip": (float, type(None)),
     "final_reward": float, "peak_reward": float, "collapsed": bool, "max_grad_norm": float,
     "log_ratio_min": float, "log_ratio_max": float, "entropy_end": float, "cpu_s": float,
 }  # fmt: skip
@@ -64,7 +65,7 @@ def test_quick_run_writes_the_summary_schema(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "studies.stability", "--quick", "--out", str(tmp_path)]
     subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=300, cwd=ROOT)
     records = json.loads((tmp_path / "summary.json").read_text())
-    assert {(r["method"], r["seed"]) for r in records} == {
+    assert {(r["variant"], r["seed"]) for r in records} == {
         (m, s) for m in ("grpo", "gmpo") for s in (0, 1)
     }
     for r in records:
@@ -77,12 +78,12 @@ def test_quick_run_writes_the_summary_schema(tmp_path: Path) -> None:
     for heading in ("## Collapsed runs", "## Sign tests", "one-sided p", "## Cost"):
         assert heading in md
     assert (tmp_path / "stability.png").stat().st_size > 10_000
-    assert len((tmp_path / "curves.jsonl").read_text().splitlines()) == 4
+    assert len(read_curves(tmp_path)) == 4
     # a subset reruns from the cache: the same numbers, nothing recomputed
     sub = subprocess.run([*cmd, "--methods", "gmpo", "--seeds", "1"], check=True, env=env,
                          capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
     again = json.loads((tmp_path / "summary.json").read_text())
-    assert again == [r for r in records if (r["method"], r["seed"]) == ("gmpo", 1)]
+    assert again == [r for r in records if (r["variant"], r["seed"]) == ("gmpo", 1)]
     assert "0 s CPU computed" in sub.stdout
 
 
