@@ -54,7 +54,7 @@ __all__ = [
     "token_logprobs",
     "trust_region_log_ratio",
 ]
-__version__ = "0.1.0"
+__version__ = "0.3.0.dev0"
 
 
 def __getattr__(name: str) -> Any:
