@@ -12,7 +12,6 @@ processes. Everything else (generation, rewards, advantages, vLLM, saving) is GR
 from __future__ import annotations
 
 import os
-import pickle
 import warnings
 from typing import Any, ClassVar
 
@@ -23,15 +22,14 @@ from trl import GRPOConfig, GRPOTrainer
 
 from gmpo_core import gmpo_loss, sequence_kl
 from gmpo_core import metrics as gmpo_metrics
-from gmpo_trl import variant, vllm_cpu
+from gmpo_trl import resume, variant, vllm_cpu
 from gmpo_trl.compat import check_compute_loss, check_liger, forward_keys
 from gmpo_trl.config import GMPOConfig, check_config, loss_variant
 from gmpo_trl.head_swap import lm_head_swapped
 from gmpo_variants import Variant
 
 FORWARD_KEYS = forward_keys()
-#: the part of a GMPOTrainer checkpoint that GRPOTrainer's own files do not hold, one per process
-RESUME_STATE = "gmpo_trainer_state_{}.pt"
+RESUME_STATE = resume.RESUME_STATE
 # the adaptive entropy controller's window mean, read with the metrics (not logged)
 _WORLD_ENTROPY = "_world_entropy"
 
@@ -84,10 +82,11 @@ class GMPOTrainer(GRPOTrainer):
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         """GRPOTrainer's checkpoint (weights, optimizer, scheduler, RNG states, trainer state and
         the entropy controller's ``entropy_ctrl_state.json``), plus, per process,
-        :data:`RESUME_STATE`: the micro-batch counter ``_step``, the accumulation window's
-        entropy sums, and the buffered rollouts when the checkpoint falls inside a generation's
-        buffer (``steps_per_generation * num_iterations`` micro-batches), which GRPOTrainer
-        would otherwise regenerate from new samples on resuming."""
+        :data:`RESUME_STATE` (:mod:`gmpo_trl.resume`, written atomically): the micro-batch
+        counter ``_step``, the accumulation window's entropy sums, the buffered rollouts when
+        the checkpoint falls inside a generation's buffer (``steps_per_generation *
+        num_iterations`` micro-batches), which GRPOTrainer would otherwise regenerate from new
+        samples on resuming, and the number of processes."""
         super()._save_checkpoint(model, trial)
         folder = os.path.join(
             self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
@@ -100,22 +99,24 @@ class GMPOTrainer(GRPOTrainer):
             "steps_per_generation": self.args.steps_per_generation,
             "entropy_window_stats": self._entropy_window_stats,
             "buffered_inputs": self._buffered_inputs if self._step % every else None,
+            "world_size": self.accelerator.num_processes,
         }
-        torch.save(state, os.path.join(folder, RESUME_STATE.format(self.accelerator.process_index)))
+        resume.save(folder, self.accelerator.process_index, state)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
-        """GRPOTrainer's (which restores the entropy controller), then :data:`RESUME_STATE`."""
+        """GRPOTrainer's (which restores the entropy controller), then :data:`RESUME_STATE`,
+        where every process can restore its own (:func:`gmpo_trl.resume.agree`; else each
+        resumes as GRPOTrainer does, with a warning)."""
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
-        path = os.path.join(checkpoint, RESUME_STATE.format(self.accelerator.process_index))
-        if not os.path.isfile(path):  # a checkpoint of GRPOTrainer, or of an older gmpo_trl
-            return
-        try:
-            state = torch.load(path, map_location=self.accelerator.device, weights_only=True)
-        except (pickle.UnpicklingError, RuntimeError) as err:  # a buffer torch will not load
-            warnings.warn(f"gmpo_trl: {path} not restored ({err}); resuming as GRPOTrainer does "
-                          "(rollouts regenerated at the next step)", stacklevel=2)  # fmt: skip
+        acc = self.accelerator
+        rank, world = acc.process_index, acc.num_processes
+        state, why = resume.read(checkpoint, rank, world, acc.device)
+        restore, warning = resume.agree(state, why, rank, acc.gather, acc.device)
+        if warning is not None:
+            warnings.warn(warning, stacklevel=2)
+        if not restore:
             return
         self._step = state["step"]
         self._entropy_window_stats = state["entropy_window_stats"]
