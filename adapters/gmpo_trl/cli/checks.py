@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gmpo_tasks.registry import get_task
+from gmpo_tasks.task import Task
 from gmpo_trl.cli.errors import CLIError
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
@@ -86,9 +87,10 @@ def resolve_reward(spec: str) -> Callable[..., Any]:
 
 
 def load_dataset(spec: str, split: str) -> Any:
+    """The dataset ``spec`` names (which :func:`check_dataset` accepted), with a 'prompt'
+    column."""
     import datasets
 
-    check_dataset(spec)
     path = Path(spec).expanduser()
     try:
         if path.is_file():
@@ -104,18 +106,22 @@ def load_dataset(spec: str, split: str) -> Any:
     return data
 
 
-def check_inputs(script: Any) -> None:
-    """What the user named (task, model, dataset, rewards) before any work is done."""
-    try:  # the command line's choices; a --config file's value lands here
-        get_task(script.task)
+def check_task(name: object) -> Task:
+    """``--task``'s task (the command line's choices; a --config file's value lands here)."""
+    try:
+        return get_task(name)
     except ValueError as err:
         raise CLIError(str(err)) from err
+
+
+def check_inputs(script: Any) -> list[Callable[..., Any]]:
+    """What the user named (model, dataset, rewards), before any work is done: each checked
+    once; returns the reward functions (none where ``--reward`` is not given)."""
     if script.model is not None:
         check_model(script.model)
     if script.dataset is not None:
         check_dataset(script.dataset)
-    for spec in script.reward:
-        resolve_reward(spec)
+    return [resolve_reward(spec) for spec in script.reward]
 
 
 #: TrainingArguments / GRPOConfig counts that TRL takes as given (0 ends in a ZeroDivisionError
@@ -234,15 +240,14 @@ def check_grpo_epsilon(value: Any) -> float:
     return float(value)
 
 
-def check_task_lengths(script: Any, config: Any, command: str) -> None:
+def check_task_lengths(
+    task: Task, lengths: tuple[int, int, int] | None, config: Any, script: Any, command: str
+) -> None:
     """A built-in model with a fixed number of positions (the reverse task's: learned
     positions) holds the prompt and the longest completion (beyond, generation ends in an
     IndexError after the warm start); a completion shorter than the task's answer cannot earn
-    its reward: a warning."""
-    if script.model is not None or script.dataset is not None:
-        return
-    task = get_task(script.task)
-    lengths = task.lengths()
+    its reward: a warning. ``lengths``: the task's (:meth:`gmpo_tasks.task.Task.lengths`), for
+    a run on the task's model and dataset."""
     if lengths is None:
         return
     prompt, positions, answer = lengths

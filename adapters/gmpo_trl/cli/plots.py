@@ -11,14 +11,17 @@ from typing import Any
 from gmpo_trl.cli.reports import series
 
 
-def log_clip_range(config: Any) -> tuple[float, float] | None:
+def log_clip_range(config: Any, variant: Any = None) -> tuple[float, float] | None:
     """The clip range of a run in log space: GMPO's (-epsilon, epsilon_high); GRPO's ratio
     range (1 - epsilon, 1 + epsilon_high) as log(1 - epsilon), log(1 + epsilon_high); a loss
-    variant's ``bounds`` (``gmpo_variants.Variant``), None where it has none."""
-    if getattr(config, "loss_variant", None) is not None:
+    variant's ``bounds`` (``gmpo_variants.Variant``; ``variant``, resolved by the run's plan, or
+    the config's ``loss_variant``), None where it has none."""
+    if variant is None and getattr(config, "loss_variant", None) is not None:
         from gmpo_trl.config import loss_variant
 
-        bounds = loss_variant(config).bounds  # type: ignore[union-attr]
+        variant = loss_variant(config)
+    if variant is not None:
+        bounds = variant.bounds
         return None if bounds is None else (-bounds[0], bounds[1])
     eps = float(config.epsilon)
     high = float(config.epsilon_high if config.epsilon_high is not None else eps)
