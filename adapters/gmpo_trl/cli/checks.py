@@ -16,6 +16,7 @@ from typing import Any
 
 from gmpo_tasks.registry import get_task
 from gmpo_tasks.task import Task
+from gmpo_trl.cli.comparators import COMPARATORS
 from gmpo_trl.cli.errors import CLIError
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
@@ -238,6 +239,26 @@ def check_grpo_epsilon(value: Any) -> float:
             f"1 + eps]), got {value!r}"
         )
     return float(value)
+
+
+def check_against(value: Any, grpo_epsilon_set: bool) -> list[str]:
+    """``gmpo compare --against``: the names, comma-separated (or a YAML list), each one of
+    :data:`~gmpo_trl.cli.comparators.COMPARATORS`, none twice; ``--grpo_epsilon`` (set by the
+    user) only with ``grpo`` among them."""
+    choices = ", ".join(COMPARATORS)
+    parts = value.split(",") if isinstance(value, str) else value
+    if not isinstance(parts, list | tuple) or not all(isinstance(p, str) for p in parts):
+        raise CLIError(f"--against: give loss names, comma-separated, from {choices}; got "
+                       f"{value!r}")  # fmt: skip
+    names = [p.strip() for p in parts]
+    for name in names:
+        if name not in COMPARATORS:
+            raise CLIError(f"--against: unknown loss {name!r} (choose from {choices})")
+    if not names or len(set(names)) != len(names):
+        raise CLIError(f"--against: give each loss once, from {choices}; got {value!r}")
+    if grpo_epsilon_set and "grpo" not in names:
+        raise CLIError("--grpo_epsilon is GRPO's clip: add grpo to --against, or leave it out")
+    return names
 
 
 def check_task_lengths(
