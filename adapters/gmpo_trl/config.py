@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,14 +70,26 @@ class GMPOConfig(GRPOConfig):
         super().__post_init__()
         check_config(self)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # a field set after the check: GMPOTrainer checks the config again (CHECKED)
+        self.__dict__.pop(CHECKED, None)
+        super().__setattr__(name, value)
+
     def __getstate__(self) -> dict[str, Any]:
-        """Pickled (``training_args.bin``) without the resolved variant: its name is a field."""
+        """Pickled (``training_args.bin``) without the resolved variant (its name is a field) or
+        the record of the check (an unpickled config is checked again)."""
         state = dict(self.__dict__)
         state.pop(_RESOLVED, None)
+        state.pop(CHECKED, None)
         return state
 
 
 _RESOLVED = "_resolved_variant"
+#: the record :func:`check_config` leaves on the config it passed, ``(its loss variant,)``
+#: (:func:`loss_variant`); setting any attribute of a ``GMPOConfig`` afterwards removes it, so
+#: ``GMPOTrainer`` checks a config changed since its construction again, and an unchanged one
+#: not a second time
+CHECKED = "_checked"
 
 
 def loss_variant(args: GRPOConfig) -> Variant | None:
@@ -136,10 +149,16 @@ def check_config(args: GRPOConfig) -> None:
     check_beta(args.beta, has_ref_logp=True)
     check_impl(getattr(args, "gmpo_impl", IMPLS[0]), name="gmpo_impl")
     check_variant(args)
+    args.__dict__[CHECKED] = (loss_variant(args),)
 
 
-def check_variant(args: GRPOConfig) -> None:
+def check_variant(args: GRPOConfig, explicit: Collection[str] = ()) -> None:
     """``loss_variant``: a loss that resolves, and none of the settings it would silently drop.
+
+    ``explicit``: the names of the options the user set (the command line's, which knows them
+    from parsing). An option the variant replaces (its clip range, ``gmpo_impl``) is refused
+    when it is set at all, whatever its value; without ``explicit`` (a config built in Python), when
+    its value is not the default.
 
     A variant maps ``(logp, old_logp, advantages, mask)`` to the loss, or to ``(loss, clipped
     fraction)`` (``gmpo_variants.registry.SIGNATURE``): its
@@ -155,15 +174,17 @@ def check_variant(args: GRPOConfig) -> None:
         return
     name = args.loss_variant
     clip = "the variant's clip is its own; remove it"
+
+    def replaced(field_name: str, default: Any) -> bool:
+        """A field the variant replaces is set: the user set it, or it is not its default."""
+        return field_name in explicit or getattr(args, field_name) != default
+
     conflicts = {  # field -> (whether it is set, why it does not apply and what to do)
-        "epsilon": (args.epsilon != GMPO_FIELDS["epsilon"].default, clip),
-        "epsilon_high": (args.epsilon_high is not None, clip),
-        "delta": (args.delta is not None, clip),
+        "epsilon": (replaced("epsilon", GMPO_FIELDS["epsilon"].default), clip),
+        "epsilon_high": (replaced("epsilon_high", None), clip),
+        "delta": (replaced("delta", None), clip),
         "beta": (args.beta != 0.0, "a variant has no KL term; set beta=0"),
-        "gmpo_impl": (
-            getattr(args, "gmpo_impl", IMPLS[0]) != IMPLS[0],
-            "the variant is its own code; remove it",
-        ),
+        "gmpo_impl": (replaced("gmpo_impl", IMPLS[0]), "the variant is its own code; remove it"),
         "vllm_importance_sampling_correction": (
             bool(args.use_vllm and args.vllm_importance_sampling_correction),
             "a variant takes no importance weights; set it to False with use_vllm",

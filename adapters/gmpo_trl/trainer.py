@@ -24,7 +24,7 @@ from gmpo_core import gmpo_loss, sequence_kl
 from gmpo_core import metrics as gmpo_metrics
 from gmpo_trl import resume, variant, vllm_cpu
 from gmpo_trl.compat import check_compute_loss, check_liger, forward_keys
-from gmpo_trl.config import GMPOConfig, check_config, loss_variant
+from gmpo_trl.config import CHECKED, GMPOConfig, check_config
 from gmpo_trl.head_swap import lm_head_swapped
 from gmpo_variants import Variant
 
@@ -68,12 +68,15 @@ class GMPOTrainer(GRPOTrainer):
                 f"{type(args).__name__}: build a GMPOConfig with the same arguments "
                 "(epsilon is a log-space bound there, as in trl.experimental.gmpo)"
             )
-        check_config(args)  # again: fields may have been changed after construction
+        checked = vars(args).get(CHECKED)
+        if checked is None:  # a field was set after construction (or the config was unpickled)
+            check_config(args)
+            checked = vars(args)[CHECKED]
         check_liger(args.use_liger_kernel)
         check_compute_loss()
         vllm_cpu.prepare(model, args)  # use_vllm: checks and the CPU workaround, before the engine
         super().__init__(model, reward_funcs, args=args, **kwargs)
-        self._variant: Variant | None = loss_variant(args)
+        self._variant: Variant | None = checked[0]  # loss_variant(args), resolved by the check
 
     # ------------------------------------------------------------------------------------------
     # checkpoints: what GRPOTrainer's own files leave out

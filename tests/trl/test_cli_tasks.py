@@ -208,7 +208,9 @@ def test_use_vllm_builds_the_task_model_with_heads_vllm_takes(
     of 32 (the smallest head_dim vLLM's CPU attention takes); without it, its ``heads``."""
     script = type("Script", (), {"task": name, "reward": [], "dataset": None, "model": None})()
     config = type("Config", (), {"output_dir": str(tmp_path), "seed": 0, "use_vllm": use_vllm})()
-    model = runs.build_trainer(script, config, _Built).model
+    task = TASKS[name]
+    plan = runs.Plan(script, config, task, (task.reward,), dataset=None, variant=None)
+    model = runs.build_trainer(plan, config, _Built).model
     heads = model.config.num_attention_heads
     assert heads == (TASKS[name].vllm_heads if use_vllm else TASKS[name].heads)
     if use_vllm:

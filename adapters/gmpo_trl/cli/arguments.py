@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gmpo_tasks.registry import TASKS
+from gmpo_trl.cli.comparators import COMPARATORS, DEFAULT_AGAINST
 
 
 def _task_help() -> str:
@@ -57,4 +58,11 @@ class CompareArguments(ScriptArguments):
     seeds: int = field(
         default=1,
         metadata={"help": "Train each method on this many seeds (seed, seed + 1, ...)."},
+    )
+    against: str = field(
+        default=DEFAULT_AGAINST,
+        metadata={
+            "help": f"Losses to train beside GMPO, comma-separated: {', '.join(COMPARATORS)}, "
+            "each by TRL's GRPOTrainer (settings: docs/losses.md)."
+        },
     )
