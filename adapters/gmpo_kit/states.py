@@ -52,30 +52,35 @@ class MetricStates:
         self._add(_MIN, name, value)
 
     def max(self, name: str, value: Tensor) -> None:
-        """``value`` (any shape) max-reduced across processes (held negated, min-reduced)."""
-        self._add(_MIN, name, -value.detach().to(_DTYPES[_MIN]))
+        """``value`` (any shape) max-reduced across processes (negated around a min)."""
+        self._add(_MIN, name, value)
         self._negated.add(name)
 
     def _add(self, kind: str, name: str, value: Tensor) -> None:
         if any(name in part for part in self._parts.values()):
             raise ValueError(f"metric state {name!r} is added twice")
-        self._parts[kind][name] = value.detach().to(_DTYPES[kind])
+        self._parts[kind][name] = _as(
+            value.detach() if value.requires_grad else value, _DTYPES[kind]
+        )
 
     def reduce(self, sum: Collective | None = None, min: Collective | None = None) -> Reduced:
         """The states reduced across processes: the sums with ``sum``, the extrema with
-        ``min`` (None: this process's values, for a host that reduces nothing)."""
+        ``min`` (None: this process's values as they were added, for a host that reduces
+        nothing)."""
         reduced: dict[str, Tensor] = {}
         for kind, collective in ((_SUM, sum), (_MIN, min)):
             part = self._parts[kind]
-            if not part:
+            if collective is None or not part:
+                reduced.update(part)
                 continue
-            flat = torch.cat([v.reshape(-1) for v in part.values()])
-            if collective is not None:
-                flat = collective(flat)
+            sign = {name: name in self._negated for name in part}
+            flat = collective(
+                torch.cat([(-v if sign[k] else v).reshape(-1) for k, v in part.items()])
+            )
             start = 0
             for name, v in part.items():
                 piece = flat.narrow(0, start, v.numel()).reshape(v.shape)
-                reduced[name] = -piece if name in self._negated else piece
+                reduced[name] = -piece if sign[name] else piece
                 start += v.numel()
         return Reduced(reduced)
 
@@ -114,12 +119,19 @@ def core_metrics(reduced: Reduced, dual: bool) -> dict[str, Tensor]:
 
 def read(values: Mapping[str, Tensor]) -> dict[str, float]:
     """0-d tensors as floats, read to the host in one device synchronization (one ``tolist``
-    of their float64 stack: a float32 value reads exactly).
+    of their stack, in the widest of their float dtypes: every value reads exactly; integer
+    values are made float64 first).
 
     Shape:
         values: each 0-d (or one element).
     """
     if not values:
         return {}
-    stacked = torch.stack([v.detach().to(torch.float64).reshape(()) for v in values.values()])
+    parts = [v if v.is_floating_point() else v.to(torch.float64) for v in values.values()]
+    stacked = torch.stack([v if v.dim() == 0 else v.reshape(()) for v in parts])
     return dict(zip(values, stacked.tolist(), strict=True))
+
+
+def _as(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``x`` in ``dtype`` (the call skipped where it already is: a loss step adds many)."""
+    return x if x.dtype == dtype else x.to(dtype)

@@ -109,9 +109,14 @@ def test_read_is_one_host_read_of_every_value() -> None:
     assert read({}) == {}
 
 
-def test_read_gives_float32_values_exactly() -> None:
+def test_read_gives_every_value_exactly() -> None:
+    """float32 beside float64 and an integer count past float32's 2^24: none is rounded."""
     x = torch.tensor(0.1, dtype=torch.float32)
-    assert read({"x": x})["x"] == x.item() != 0.1
+    n = torch.tensor(2**40 + 1)
+    host = read({"x": x, "n": n, "y": torch.tensor([0.1], dtype=torch.float64)})
+    assert host["x"] == x.item() != 0.1
+    assert host["n"] == 2**40 + 1 and host["y"] == 0.1
+    assert read({"x": x, "n": n})["n"] == 2**40 + 1  # no float64 value to widen the stack
 
 
 def _call(rows: slice, batch: dict[str, torch.Tensor]):
