@@ -9,14 +9,15 @@ from typing import Any
 
 from trl import GRPOConfig
 
-from gmpo_core.options import IMPLS, check_beta, check_hyperparameters, check_impl
+from gmpo_core.options import IMPLS, check_beta
+from gmpo_kit import HostOptions
 from gmpo_trl.fields import GMPO_FIELDS, OTHER_LOSS_FIELDS
 from gmpo_variants import Variant, resolve
 
 RECIPES = "docs/recipes.md"
 
-# gmpo_loss's epsilon, epsilon_high and dual_clip, as GMPOConfig calls them
-_NAMES = ("epsilon", "epsilon_high", "delta")
+#: TRL as a host: GMPOConfig's name for gmpo_loss's dual_clip, one advantage per sequence
+HOST = HostOptions(host="GMPOTrainer", dual_clip="delta", impl="gmpo_impl", mask="completion_mask")
 
 
 def _option(name: str) -> Any:
@@ -143,11 +144,11 @@ def check_config(args: GRPOConfig) -> None:
                 f"change nothing under GMPO; remove it (see {RECIPES} for GMPO's variants)."
             )
     # gmpo_core's own rules, under this config's field names
-    check_hyperparameters(args.epsilon, args.epsilon_high, args.delta, names=_NAMES)
+    HOST.check(args.epsilon, args.epsilon_high, args.delta)
     # beta's own rule (finite, >= 0); its reference log-probs come from the reference model that
     # GRPOTrainer builds whenever beta != 0
     check_beta(args.beta, has_ref_logp=True)
-    check_impl(getattr(args, "gmpo_impl", IMPLS[0]), name="gmpo_impl")
+    HOST.check_impl(getattr(args, "gmpo_impl", None))
     check_variant(args)
     args.__dict__[CHECKED] = (loss_variant(args),)
 

@@ -43,7 +43,7 @@ def test_no_tensor_at_module_level() -> None:
     step). No module of the core or the adapters may hold a tensor in its globals: a tensor made
     at import lives on the CPU, whatever device the inputs are on."""
     found = []
-    for package in ("gmpo_core", "gmpo_trl", "gmpo_verl"):
+    for package in ("gmpo_core", "gmpo_kit", "gmpo_trl", "gmpo_verl"):
         for name in _modules(package):
             try:
                 module = importlib.import_module(name)
