@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@echo "            see README.md, 'The first run installs first')"
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,trl,verl]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,trl,verl,gym]"
 	touch $(STAMP)
 
 ## the main job: GMPO training (TRL GRPOTrainer + gmpo_core) of an embedded tiny model on a

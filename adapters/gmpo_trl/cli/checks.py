@@ -107,7 +107,7 @@ def load_dataset(spec: str, split: str) -> Any:
 def check_inputs(script: Any) -> None:
     """What the user named (task, model, dataset, rewards) before any work is done."""
     try:  # the command line's choices; a --config file's value lands here
-        get_task(script.task)
+        get_task(script.task).check_available()  # a task's extra (reasoning-gym's tasks)
     except ValueError as err:
         raise CLIError(str(err)) from err
     if script.model is not None:
