@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-confirm-analysis study-confirm-reruns study-regime
+.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-confirm-analysis study-confirm-reruns study-regime tasks-gym
 
 setup: $(STAMP)
 
@@ -197,6 +197,17 @@ figures-study-trl: setup
 
 ## the README's first-run cost: a fresh clone, `make train` (which runs `make setup`), timed;
 ## results/first-run/first_run.md. COLD=1 gives pip an empty download cache (downloads everything).
+## the reasoning-gym tasks' settings (gmpo_tasks/chain_sum.py, countdown.py, spell_backward.py;
+## docs/tasks.md): the band rule of studies/stability/band.py on the calibration seeds 900-902,
+## then one gmpo run of the study's cell per seed and the transformers warm start;
+## results/tasks-gym/calibration_<task>.md and .json. The values found go into each task's
+## module by hand. About 40 minutes of CPU time, most of it countdown's.
+GYM_TASKS := chain_sum countdown spell_backward
+tasks-gym: setup
+	for t in $(GYM_TASKS); do \
+		$(BIN)/python -m studies.stability.calibrate --task $$t --out results/tasks-gym || exit 1; \
+	done
+
 first-run:
 	scripts/first_run.sh
 

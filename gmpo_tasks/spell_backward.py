@@ -24,9 +24,11 @@ from gmpo_tasks.chars import SEP
 from gmpo_tasks.gym import GymTask
 from gmpo_tasks.warm_start import WarmStart
 
-#: the calibrated setting (results/tasks-gym/calibration_spell_backward.md)
+#: the calibrated setting (results/tasks-gym/calibration_spell_backward.md): words of 3 to 8
+#: letters, 400 supervised steps (a clean warm start already spells them back) and noise 0.6
+#: (the smallest that put every seed in [0.15, 0.45]: 0.409, 0.401, 0.437)
 LENGTH = 8
-NOISE = 0.0
+NOISE = 0.6
 WARM = WarmStart(steps=400)
 PAD = "."
 LETTERS = string.ascii_lowercase + string.ascii_uppercase

@@ -3,8 +3,9 @@
 At the task's own length, on the calibration seeds only:
 
 1. the supervised steps: the smallest of :data:`STEPS` at which a clean warm start (noise 0)
-   reaches :data:`CLEAN` on every seed (the task is learned, as ``reverse``'s and ``add``'s
-   warm starts learn theirs), else the largest;
+   reaches :data:`CLEAN` on every seed (the model answers right more often than not, and
+   noise, not a lack of training, then sets its errors, as in ``reverse``'s and ``add``'s warm
+   starts), else the largest;
 2. the noise: the smallest of :data:`NOISES` at which no seed's warm-start reward is above
    the band :data:`BAND`, found by bisection (more noise, a lower reward), which must then hold
    every seed inside the band: at least its floor, so that no seed starts near zero reward,
@@ -30,7 +31,7 @@ from studies.stability.run import Setup, init_worker, rl_run, warm_start
 
 SEEDS = (900, 901, 902)
 STEPS = (400, 800, 1600)
-CLEAN = 0.7
+CLEAN = 0.5
 NOISES = tuple(round(0.05 * i, 2) for i in range(20))  # 0.0, 0.05, ..., 0.95
 BAND = (0.15, 0.45)
 METHOD = "gmpo"
@@ -47,14 +48,14 @@ def _warm(task: str, steps: int, noise: float, seed: int) -> dict[str, Any]:
 
 
 def _run(task: str, steps: int, noise: float, seed: int, warm: dict[str, Any]) -> dict[str, Any]:
-    """One ``gmpo`` run of the study's cell from the seed's warm start ``warm``, and the warm
-    start of the built-in transformers model (both CPU-timed)."""
+    """One ``gmpo`` run of the study's cell from the seed's warm start ``warm``, and on the
+    first seed the warm start of the built-in transformers model (both CPU-timed)."""
     setup = _setup(task, steps, noise)
     cpu0 = time.process_time()
     curves = rl_run(setup, warm, METHOD, CELL.lr, None, seed)
     cpu_run = time.process_time() - cpu0
     reward = curves["reward"]
-    hf = _hf_warm_start(task, steps, noise, seed)
+    hf = _hf_warm_start(task, steps, noise, seed) if seed == SEEDS[0] else {}
     return {"seed": seed, "warm_reward": warm["reward"], "warm_cpu_s": warm["cpu_s"],
             "first10": statistics.fmean(reward[:10]), "last10": statistics.fmean(reward[-10:]),
             "length_first": curves["length"][0], "length_last": curves["length"][-1],
@@ -133,6 +134,10 @@ def _examples(task: str) -> list[dict[str, Any]]:
     return [{"prompt": p, "answer": t.target(p)} for p in prompts]
 
 
+def _hf(row: dict[str, Any], key: str, spec: str) -> str:
+    return format(row[key], spec) if key in row else "-"
+
+
 def report_band(result: dict[str, Any], command: str, wall: float) -> str:
     task, lo, hi = result["task"], *result["band"]
     lines = [
@@ -157,15 +162,15 @@ def report_band(result: dict[str, Any], command: str, wall: float) -> str:
         f"100 steps, learning rate {CELL.lr:g}, no gradient clipping (the study's setting); the "
         "mean reward of the first and of the last 10 steps, the mean completion length (valid "
         "tokens, the end-of-sequence token included) at the first and the last step, the CPU "
-        "time of the warm start and of the run (one thread). Then the warm start of the "
-        "built-in transformers model that `gmpo train --task " + task + "` trains, at the same "
-        "setting, and its sampled reward (256 held-out prompts, temperature 1).", "",
+        "time of the warm start and of the run (one thread). Then, on the first seed, the warm "
+        "start of the built-in transformers model that `gmpo train --task " + task + "` trains, "
+        "at the same setting, and its sampled reward (256 held-out prompts, temperature 1).", "",
         "| seed | warm-start reward | first 10 | last 10 | length first, last | warm-start CPU s "
         "| run CPU s | transformers warm-start reward | its CPU s |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *(f"| {r['seed']} | {r['warm_reward']:.3f} | {r['first10']:.3f} | {r['last10']:.3f} | "
           f"{r['length_first']:.2f}, {r['length_last']:.2f} | {r['warm_cpu_s']:.1f} | "
-          f"{r['run_cpu_s']:.1f} | {r['hf_reward']:.3f} | {r['hf_cpu_s']:.1f} |"
+          f"{r['run_cpu_s']:.1f} | {_hf(r, 'hf_reward', '.3f')} | {_hf(r, 'hf_cpu_s', '.1f')} |"
           for r in result["runs"]), "",
         "## Example prompts and the demonstrations' answers", "",
         "| prompt | answer |", "|---|---|",

@@ -12,7 +12,7 @@ then 4-digit numbers, by the same rule. Writes ``calibration.json`` and ``calibr
 
 Every other task (the reasoning-gym tasks) takes the band rule at its own length
 (``studies/stability/band.py``): the smallest of 400, 800, 1600 supervised steps at which a
-clean warm start (noise 0) reaches a reward of 0.7 on every calibration seed (else 1600); then
+clean warm start (noise 0) reaches a reward of 0.5 on every calibration seed (else 1600); then
 the smallest noise of 0.00, 0.05, ..., 0.95 at which every seed's warm-start reward (the task's
 own, at temperature 1 on 256 held-out prompts) lies in [0.15, 0.45]. A seed near zero reward has
 groups whose rewards are all alike, and so no gradient: the band's floor rules such a warm start

@@ -15,7 +15,7 @@ import pytest
 
 from gmpo_tasks import gym
 from gmpo_tasks.registry import TASKS
-from tests.tasks.test_gym_extra import GYM, _path
+from tests.tasks.test_gym_extra import GYM, ROOT, _path
 
 rg = pytest.importorskip("reasoning_gym")
 
@@ -147,3 +147,18 @@ def test_answers_of_varying_length_through_the_study() -> None:
     ended = (out.sample.completions == eos).any(1).float().mean()
     assert ended > 0.9 and len({len(t) for t in out.texts}) >= 2, (ended, out.texts)
     assert 0 < warm["reward"] < 1
+
+
+def test_the_studys_quick_run_on_a_gym_task(tmp_path) -> None:
+    """``python -m studies.stability --task chain_sum --quick`` (one method and seed): the
+    records name the task, and its completions vary in length."""
+    cmd = [sys.executable, "-m", "studies.stability", "--task", "chain_sum", "--quick",
+           "--variants", "gmpo", "--seeds", "0", "--workers", "1", "--out", str(tmp_path)]  # fmt: skip
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300, cwd=ROOT,
+                   env={"PYTHONPATH": _path(), "PATH": "/usr/bin:/bin"})  # fmt: skip
+    records = json.loads((tmp_path / "summary.json").read_text())
+    assert [(r["task"], r["method"], r["seed"]) for r in records] == [("chain_sum", "gmpo", 0)]
+    curves = json.loads((tmp_path / "curves.jsonl").read_text().splitlines()[0])["curves"]
+    # at 2 terms, answers of 1 or 2 characters and the end-of-sequence token: 2 to 3 tokens
+    assert len(curves["length"]) == 6 and all(1 <= x <= 3 for x in curves["length"])
+    assert '"length": 2' in (tmp_path / "summary.md").read_text()
