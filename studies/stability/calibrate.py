@@ -12,9 +12,10 @@ then 4-digit numbers, by the same rule. Writes ``calibration.json`` and ``calibr
 
 Every other task (the reasoning-gym tasks) takes the band rule at its own length
 (``studies/stability/band.py``): the smallest of 400, 800, 1600 supervised steps at which a
-clean warm start (noise 0) reaches a reward of 0.5 on every calibration seed (else 1600); then
-the smallest noise of 0.00, 0.05, ..., 0.95 at which every seed's warm-start reward (the task's
-own, at temperature 1 on 256 held-out prompts) lies in [0.15, 0.45]. A seed near zero reward has
+clean warm start (noise 0) reaches a reward of 0.5 on every calibration seed (else 1600); then,
+by bisection over 0.00, 0.05, ..., 0.95, the smallest noise at which no seed's warm-start reward
+(the task's own, at temperature 1 on 256 held-out prompts) is above 0.45, where every seed must
+be at least 0.15 (else nothing is chosen): every seed in [0.15, 0.45]. A seed near zero reward has
 groups whose rewards are all alike, and so no gradient: the band's floor rules such a warm start
 out on each seed, its ceiling leaves room to learn. Then, at the chosen setting, what a run costs
 and does: one ``gmpo`` run of the study's cell (100 steps, learning rate 2e-3) from each
