@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-confirm-analysis study-confirm-reruns study-regime
+.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-confirm-analysis study-confirm-reruns study-regime tasks-gym
 
 setup: $(STAMP)
 
@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@echo "            see README.md, 'The first run installs first')"
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,trl,verl]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,trl,verl,gym]"
 	touch $(STAMP)
 
 ## the main job: GMPO training (TRL GRPOTrainer + gmpo_core) of an embedded tiny model on a
@@ -197,6 +197,17 @@ figures-study-trl: setup
 
 ## the README's first-run cost: a fresh clone, `make train` (which runs `make setup`), timed;
 ## results/first-run/first_run.md. COLD=1 gives pip an empty download cache (downloads everything).
+## the reasoning-gym tasks' settings (gmpo_tasks/chain_sum.py, countdown.py, spell_backward.py;
+## docs/tasks.md): the band rule of studies/stability/band.py on the calibration seeds 900-902,
+## then one gmpo run of the study's cell per seed and the transformers warm start;
+## results/tasks-gym/calibration_<task>.md and .json. The values found go into each task's
+## module by hand. About 40 minutes of CPU time, most of it countdown's.
+GYM_TASKS := chain_sum countdown spell_backward
+tasks-gym: setup
+	for t in $(GYM_TASKS); do \
+		$(BIN)/python -m studies.stability.calibrate --task $$t --out results/tasks-gym || exit 1; \
+	done
+
 first-run:
 	scripts/first_run.sh
 

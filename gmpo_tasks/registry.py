@@ -6,10 +6,12 @@ To add a task, write its module (a :class:`gmpo_tasks.task.Task` subclass and it
 
 from __future__ import annotations
 
-from gmpo_tasks import add, reverse, successor
+from gmpo_tasks import add, chain_sum, countdown, reverse, spell_backward, successor
 from gmpo_tasks.task import Task
 
-TASKS: dict[str, Task] = {t.name: t for t in (successor.TASK, reverse.TASK, add.TASK)}
+#: the reasoning-gym tasks (chain_sum, countdown, spell_backward) need the gym extra
+_ALL = (successor.TASK, reverse.TASK, add.TASK, chain_sum.TASK, countdown.TASK, spell_backward.TASK)
+TASKS: dict[str, Task] = {t.name: t for t in _ALL}
 
 
 def get_task(name: object) -> Task:

@@ -23,6 +23,7 @@ are imported when a model or a dataset is built.
 
 from __future__ import annotations
 
+import importlib.util
 import random
 import sys
 from collections.abc import Sequence
@@ -114,8 +115,10 @@ class Task:
     vllm_heads: ClassVar[int] = 2
     #: the built-in run's setting through TRL
     cell: ClassVar[Cell] = CELL
-    #: the package this task's code needs beyond torch (an extra of gmpo), None for none
+    #: the package this task's code needs beyond torch, None for none, and the extra of gmpo
+    #: that installs it
     requires: ClassVar[str | None] = None
+    extra: ClassVar[str | None] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.length, bool) or not isinstance(self.length, int) or self.length < 1:
@@ -188,6 +191,16 @@ class Task:
             if path.parent == here or here in path.parents:
                 files.add(path)
         return sorted(files)
+
+    def check_available(self) -> None:
+        """A ValueError of one line naming the extra to install where :attr:`requires` is not
+        importable (found without importing it)."""
+        if self.requires is None or importlib.util.find_spec(self.requires) is not None:
+            return
+        raise ValueError(
+            f"the {self.name} task needs {self.requires.replace('_', '-')}, which is not "
+            f"installed: pip install 'gmpo[{self.extra or self.requires}]'"
+        )
 
     def versions(self) -> dict[str, str]:
         """The versions of the packages a task's data come from (:attr:`requires`)."""

@@ -115,6 +115,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    "clipping if the grid has it (default 5e-3)")  # fmt: skip
     p.add_argument("--fresh", action="store_true", help="recompute cached runs too")
     args = p.parse_args(argv)
+    try:  # a task's extra (reasoning-gym's tasks), before any work
+        TASKS[args.task].check_available()
+    except ValueError as e:
+        p.error(f"--task {args.task}: {e}")
     grid = QUICK if args.quick else FULL
     for key in ("variants", "lr", "grad_clip", "seeds", "steps"):
         if getattr(args, key) is None:

@@ -110,7 +110,9 @@ def load_dataset(spec: str, split: str) -> Any:
 def check_task(name: object) -> Task:
     """``--task``'s task (the command line's choices; a --config file's value lands here)."""
     try:
-        return get_task(name)
+        task = get_task(name)
+        task.check_available()  # a task's extra (reasoning-gym's tasks)
+        return task
     except ValueError as err:
         raise CLIError(str(err)) from err
 
