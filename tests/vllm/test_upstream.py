@@ -137,7 +137,7 @@ def test_workaround_applied_on_cpu_and_logged_once(monkeypatch, caplog):
 
     monkeypatch.setattr(ops, "_supports_onednn", True)
     monkeypatch.setattr(layer_utils, "check_cpu_sgl_kernel", layer_utils.check_cpu_sgl_kernel)
-    monkeypatch.setattr(vllm_cpu, "_state", {"applied": False, "missing": False})
+    monkeypatch.setattr(vllm_cpu, "_state", {**vllm_cpu._state, "applied": False})
     with caplog.at_level(logging.WARNING, logger="gmpo_trl.vllm_cpu"):
         assert vllm_cpu.apply_workaround() is True
         assert vllm_cpu.apply_workaround() is True

@@ -56,11 +56,12 @@ def gmpo_settings(config: Any) -> str:
 
 def main(parsed: Parsed) -> Path:
     """``gmpo compare``: GRPO, then GMPO, on each seed; returns the output directory."""
+    script = parsed.script
+    grpo_config, gmpo_config = configs(parsed)
+    # the trainers after the checks: importing them imports vLLM where installed (10-20 s)
     from gmpo_trl import GMPOTrainer
     from gmpo_trl.grpo_range import RangeLoggingGRPOTrainer
 
-    script = parsed.script
-    grpo_config, gmpo_config = configs(parsed)
     base = Path(gmpo_config.output_dir)
     quiet()
     first_seed = gmpo_config.seed

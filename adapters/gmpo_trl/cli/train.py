@@ -11,13 +11,16 @@ from gmpo_trl.cli.runs import interruptible, quiet, run, stop_if_interrupted
 
 def main(parsed: Parsed) -> Path:
     """``gmpo train``: returns the output directory."""
-    from gmpo_trl import GMPOConfig, GMPOTrainer
+    from gmpo_trl import GMPOConfig
 
     config = parsed.config(GMPOConfig)
     check_inputs(parsed.script)
     check_task_lengths(parsed.script, config, "train")
     resume = check_resume(config.resume_from_checkpoint, config.output_dir)
     check_vllm(parsed.script, config)
+    # the trainer after the checks: importing it imports vLLM where installed (10-20 s)
+    from gmpo_trl import GMPOTrainer
+
     quiet()
     done = run(parsed.script, config, interruptible(GMPOTrainer), "gmpo train", resume=resume)
     stop_if_interrupted(done, config.output_dir)  # no final model: it is not the run asked for
