@@ -5,12 +5,13 @@ expect").
 Run in the vLLM environment (``make vllm COMPAT_KEEP=1`` keeps the one it builds), from the
 repository root (``make figures-vllm`` runs it with ``bench_vllm.py``)::
 
-    VLLM_CPU_KVCACHE_SPACE=1 .compat/vllm/bin/python benchmarks/bench_vllm_runs.py  # ~25 minutes
+    VLLM_CPU_KVCACHE_SPACE=1 .compat/vllm/bin/python benchmarks/bench_vllm_runs.py  # ~an hour
     VLLM_CPU_KVCACHE_SPACE=1 .compat/vllm/bin/python benchmarks/bench_vllm_runs.py --quick  # writes nothing
 
 Each run is one ``gmpo train`` command line (``gmpo_trl.cli.main``) in a fresh process, its task's
 built-in run (the toy successor task: 150 steps, two optimizer steps a generation, two passes over
-each; the reverse task: its warm start, then its run), per ``--seeds``:
+each; the reverse task: its warm start, then its run, cut to 48 of its 100 generations by
+``--reverse-extra``, as vLLM's generations are slow on two shared cores), per ``--seeds``:
 
 - ``transformers``: ``gmpo train`` (the built-in model, 4 heads);
 - ``transformers, vLLM's model``: the same with the model ``--use_vllm`` builds (heads of 32:
@@ -162,8 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", default="successor", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--extra", default="", help="more gmpo train options, space-separated")
-    parser.add_argument("--seeds", default="0,1,2", help="the successor task's seeds")
-    parser.add_argument("--reverse-seeds", default="0,1", help="the reverse task's seeds")
+    parser.add_argument("--seeds", default="0,1", help="the successor task's seeds")
+    parser.add_argument("--reverse-seeds", default="0", help="the reverse task's seeds")
+    parser.add_argument("--reverse-extra", default="--max_steps 768",
+                        help="more options of the reverse runs (768 steps: 48 generations)")  # fmt: skip
     parser.add_argument("--out", default="runs/bench_vllm_runs")
     parser.add_argument("--quick", action="store_true", help="3 steps a run, writes nothing")
     args = parser.parse_args(argv)
@@ -171,15 +174,17 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args)), flush=True)
         return 0
     if args.quick:
-        args.seeds, args.reverse_seeds, args.extra = "0", "0", "--max_steps 3"
+        args.seeds, args.reverse_seeds, args.reverse_extra = "0", "0", ""
+        args.extra = "--max_steps 3"
     plan = [("successor", kind, int(s)) for s in args.seeds.split(",") if s for kind in KINDS]
     plan += [("reverse", kind, int(s)) for s in args.reverse_seeds.split(",") if s
              for kind in ("transformers, vLLM's model", "vLLM")]  # fmt: skip
     start = time.perf_counter()
     runs = []
     for task, kind, seed in plan:
+        extra = f"{args.extra} {args.reverse_extra}" if task == "reverse" else args.extra
         cmd = [sys.executable, __file__, "--child", "--task", task, "--kind", kind, "--seed",
-               str(seed), "--out", args.out, "--extra", args.extra]  # fmt: skip
+               str(seed), "--out", args.out, "--extra", extra]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith('{"task"')]
         if proc.returncode != 0 or not lines:
