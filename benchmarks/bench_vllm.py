@@ -2,7 +2,8 @@
 on the CPU, and how closely vLLM's sampling log-probs follow the trainer's (docs/vllm.md).
 
 Run in the vLLM environment (``make vllm`` builds one and removes it; to keep it:
-``make vllm COMPAT_KEEP=1``, then ``.compat/vllm/bin/python``), from the repository root::
+``make vllm COMPAT_KEEP=1``, then ``.compat/vllm/bin/python``), from the repository root
+(``make figures-vllm`` runs it with ``bench_vllm_runs.py``)::
 
     VLLM_CPU_KVCACHE_SPACE=1 .compat/vllm/bin/python benchmarks/bench_vllm.py   # ~20 minutes
     VLLM_CPU_KVCACHE_SPACE=1 .compat/vllm/bin/python benchmarks/bench_vllm.py --seeds 2 \
