@@ -7,11 +7,9 @@ The first two run in every environment (vLLM faked where needed); the others in 
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -20,8 +18,8 @@ pytest.importorskip("trl")
 
 from gmpo_trl import vllm_cpu
 from gmpo_trl.cli.help import short_help
+from tests.vllm._env import ROOT, fresh_env
 
-ROOT = Path(__file__).resolve().parents[2]
 COLOCATE = SimpleNamespace(use_vllm=True, vllm_mode="colocate", use_cpu=True)
 
 
@@ -31,7 +29,7 @@ def test_help_says_vllm_runs_on_the_cpu_too():
     assert "GPU; pip install vllm" not in text
 
 
-def saved_qwen2(path: Path, **config: int) -> Path:
+def saved_qwen2(path, **config):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     Qwen2ForCausalLM(Qwen2Config(vocab_size=16, intermediate_size=16, num_hidden_layers=1,
@@ -63,9 +61,8 @@ def test_head_dim_refusal_names_its_source(tmp_path, monkeypatch, config, source
 
 
 def run_python(code: str) -> subprocess.CompletedProcess[str]:
-    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "adapters")])}
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=fresh_env(),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
 
 
 @pytest.mark.vllm

@@ -19,20 +19,18 @@ sync a no-op (the warm start is computed once a process).
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from tests.vllm import _support  # noqa: F401  (skips this module where vLLM is not installed)
+from tests.vllm._env import ROOT, fresh_env
 from tests.vllm.test_sync import SYNC_TOL
 
 pytestmark = pytest.mark.vllm
 
-ROOT = Path(__file__).resolve().parents[2]
 #: optimizer steps of each run: three generations of the reverse run's 16 steps
 STEPS = 48
 #: the mean |trainer - vLLM| log-prob of a generation's sampled tokens, with the sync: bf16's
@@ -72,10 +70,9 @@ def runs(tmp_path_factory):
     """Per run (synced, then stale): per generation, (largest gap, mean gap); and the synced
     run's logged steps."""
     tmp = tmp_path_factory.mktemp("reverse")
-    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "adapters")])}
     done = subprocess.run(
         [sys.executable, "-c", RUNS, str(tmp / "synced"), str(tmp / "stale"), str(STEPS)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200,
+        cwd=ROOT, env=fresh_env(), capture_output=True, text=True, timeout=1200,
     )  # fmt: skip
     lines = [line for line in done.stdout.splitlines() if line.startswith("GAPS ")]
     assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
