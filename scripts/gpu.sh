@@ -48,7 +48,7 @@ if [ "$DRY" != 0 ]; then
   export HYPOTHESIS_PROFILE=smoke  # a few examples a property
   LOSS=(--quick --shapes 2x16,8x64 --impls "gmpo plain,TRL,verl" --no-write)
   LM_HEAD=(--quick --paths gmpo)
-  LIMITS=(60 60 60 60)  # seconds per step on an idle CPU: reported against, not enforced
+  LIMITS=(60 60 60 60)  # seconds per step
 else
   if ! $PY -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
     echo "no CUDA device: GMPO_GPU_DRY_RUN=1 bash scripts/gpu.sh is the CPU dry run" >&2
