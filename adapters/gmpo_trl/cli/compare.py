@@ -79,9 +79,11 @@ class CompareCommand(Command):
     def run(self, parsed: Parsed) -> Path:
         """Each --against loss, then GMPO, on each seed; returns the output directory."""
         import gmpo_trl
-        from gmpo_trl.grpo_range import RangeLoggingGRPOTrainer
 
         plan = compare_plan(parsed)
+        # the trainers after the checks: importing them imports vLLM where installed (10-20 s)
+        from gmpo_trl.grpo_range import RangeLoggingGRPOTrainer
+
         script, gmpo_config = plan.script, plan.config
         base = Path(gmpo_config.output_dir)
         first_seed = gmpo_config.seed
