@@ -35,6 +35,8 @@ def markdown(result: dict[str, Any], env: list[str]) -> str:
         f"- T {t}, H {h}; every token valid; on-policy old log-probs; no KL term",
         f"- clock: {clock}; {result['repeats']} calls per path after a warm-up call, the paths "
         "taking turns call by call",
+        f"- rows measured: {len(rows)} of the {len(result['planned'])} planned "
+        f"({', '.join(result['planned'])})",
         "",
         f"## Time per forward+backward, seconds: median [20th, 80th percentile] ({clock})",
         "",
@@ -83,7 +85,9 @@ def markdown(result: dict[str, Any], env: list[str]) -> str:
         ]
         for row in rows:
             mem = row["memory"]
-            cells = [_mb(mem.get(p)) if not isinstance(mem.get(p), str) else "failed" for p in paths]
+            cells = [
+                _mb(mem.get(p)) if not isinstance(mem.get(p), str) else "failed" for p in paths
+            ]
             out.append(f"| {_label(row)} | " + " | ".join(cells) + " |")
     out += [
         "",

@@ -102,7 +102,9 @@ def make_step(path: str, x: Inputs) -> Callable[[], float]:
         )
 
         def liger() -> float:
-            loss, _metrics = module(hidden, weight, ids, x["mask_float"], adv, old_per_token_logps=old)
+            loss, _metrics = module(
+                hidden, weight, ids, x["mask_float"], adv, old_per_token_logps=old
+            )
             return done(loss)
 
         return liger
