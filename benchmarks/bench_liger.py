@@ -68,6 +68,15 @@ def _child(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any] 
     return out
 
 
+def _in_process(p: argparse.ArgumentParser, cmd: list[str]) -> dict[str, Any]:
+    import torch
+    from _liger_worker import time_paths
+
+    args = p.parse_args(["--worker", *cmd])
+    torch.set_num_threads(int(args.threads))
+    return time_paths(args)
+
+
 def _pct(values: list[float], q: float) -> float:
     """The q-quantile (linear interpolation between order statistics)."""
     s = sorted(values)
@@ -145,7 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         row["timing"], row["memory"] = {}, {}
         for n in threads[:1] if cuda else threads:
             cmd = [*common, "--threads", str(n), "--repeats", str(args.repeats)]
-            r = _child([*cmd, "--paths", ",".join(paths)])
+            if args.quick:  # in this process: one start of torch and liger-kernel, not two
+                r = _in_process(p, [*cmd, "--paths", ",".join(paths)])
+            else:
+                r = _child([*cmd, "--paths", ",".join(paths)])
             if isinstance(r, dict):
                 r["cpu"] = {k: _summary(t) for k, t in r["cpu_s"].items()}
                 r["wall"] = {k: _summary(t) for k, t in r["wall_s"].items()}
