@@ -100,7 +100,8 @@ $(BENCH_STAMP): pyproject.toml constraints.txt
 ## docs/benchmarks.md's Liger table: gmpo's token_logprobs + gmpo_loss against Liger-Kernel's
 ## LigerFusedLinearGRPOLoss and the materialized head with TRL's loss, forward+backward at T 1024,
 ## H 896 (Liger's sweep scaled to 2 cores): results/figures-bench/liger_cpu.* (one thread, with
-## memory) and liger_cpu_2threads.* (two threads, times only). About 1.5 hours on two cores.
+## memory) and liger_cpu_2threads.* (two threads, times only). Over an hour on two cores; each
+## results file is written after every row, with the rows it holds.
 figures-liger: bench-env
 	$(BENCH_VENV)/bin/python benchmarks/bench_liger.py --shapes 1x32000,1x151936,4x32000 --threads 1
 	$(BENCH_VENV)/bin/python benchmarks/bench_liger.py --shapes 1x32000,4x32000 --threads 2 \
