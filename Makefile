@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-confirm-analysis study-confirm-reruns study-regime tasks-gym figures-vllm
+.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-confirm-analysis study-confirm-reruns study-regime tasks-gym figures-vllm bench-env figures-liger
 
 setup: $(STAMP)
 
@@ -50,7 +50,7 @@ bench: setup
 ## docs/img/; about 130 minutes on two cores. Each step is a target of its own; add a page's
 ## commands as a new figures-* target, writing into results/<its name>/, and list it here.
 ## `make check-numbers` (and tests/repo/test_doc_numbers.py) checks the pages against the results.
-figures: figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run
+figures: figures-trl figures-lm-head figures-verl figures-bench figures-liger figures-study figures-study-trl first-run
 
 SEEDS ?= 5
 figures-trl: setup
@@ -84,6 +84,28 @@ figures-verl: setup
 figures-bench: setup
 	$(BIN)/python benchmarks/bench_loss.py
 	$(BIN)/python benchmarks/bench_packed.py
+
+## the bench extra's environment (liger-kernel, which pulls in Triton, kept out of .venv):
+## $(BENCH_VENV) with this checkout, the bench and test extras, at the tested versions
+BENCH_VENV ?= .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+bench-env: $(BENCH_STAMP)
+
+$(BENCH_STAMP): pyproject.toml constraints.txt
+	$(PY) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install -q --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install -q -c constraints.txt -e ".[bench,test]"
+	touch $(BENCH_STAMP)
+
+## docs/benchmarks.md's Liger table: gmpo's token_logprobs + gmpo_loss against Liger-Kernel's
+## LigerFusedLinearGRPOLoss and the materialized head with TRL's loss, forward+backward at T 1024,
+## H 896 (Liger's sweep scaled to 2 cores): results/figures-bench/liger_cpu.* (one thread, with
+## memory) and liger_cpu_2threads.* (two threads, times only). Over an hour on two cores; each
+## results file is written after every row, with the rows it holds.
+figures-liger: bench-env
+	$(BENCH_VENV)/bin/python benchmarks/bench_liger.py --shapes 1x32000,1x151936,4x32000 --threads 1
+	$(BENCH_VENV)/bin/python benchmarks/bench_liger.py --shapes 1x32000,4x32000 --threads 2 \
+		--no-memory --tag cpu_2threads
 
 ## docs/study.md's numbers and figure: the stability study, GRPO against GMPO (6 methods x 4
 ## learning rates x without/with gradient clipping x 5 seeds, 240 runs of a tiny transformer

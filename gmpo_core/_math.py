@@ -228,6 +228,12 @@ def differentiated(x: Tensor) -> bool:
     return not torch.compiler.is_compiling() and has_tangent(x)
 
 
+def constant(x: Tensor) -> Tensor:
+    """``x`` detached where it records history (a ``detach`` is a call of its own, which counts on
+    small batches: the paths' forward runs without history)."""
+    return x.detach() if x.requires_grad else x
+
+
 def has_tangent(x: Tensor) -> bool:
     """Whether ``x`` carries a forward-mode tangent at the current level (False outside one)."""
     return forward_ad.unpack_dual(x).tangent is not None  # type: ignore[no-untyped-call]
@@ -247,10 +253,14 @@ def sign_space(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The trust region (S1) in sign space, ``q = sign(A) r``, where every row's region is the
     upper bound ``q <= eps`` (eps_high where A >= 0, eps_low where A < 0), and under a dual clip
-    also ``q >= -log dual_clip`` where A < 0. Each bound is a ``torch.where`` on a strict
-    comparison, which runs at the speed of a copy in ATen and passes the gradient 1 to a value
-    exactly on the bound on every torch (a ``clamp`` passes 1 there on torch 2.4 to 2.13;
-    torch 2.14.1 passes 0.5 with a tensor bound, 0 with a number bound).
+    also ``q >= -log dual_clip`` where A < 0. Where the result may be differentiated
+    (:func:`differentiated`), each bound is a ``torch.where`` on a strict comparison, which passes
+    the gradient 1 to a value exactly on the bound on every torch (a ``clamp`` passes 1 there on
+    torch 2.4 to 2.13; torch 2.14.1 passes 0.5 with a tensor bound, 0 with a number bound).
+    Elsewhere (the paths' forward, which writes the gradient itself) it is a ``clamp``, the same
+    values in one pass: the comparison and the ``where`` on its bool result took 12 % of a
+    plain call at 256 x 4096 on CPU (docs/benchmarks.md). Equal bounds given as numbers (the
+    plain path's) stay numbers: no per-row tensor of them is made.
 
     Returns ``(sign, q, clipped q)``. Shape: r (B, T) or (B,), adv (B,) -> sign (B,), q and
     clipped q of r's shape; or with ``seg``, r (N,) and adv (S,) -> sign (S,), q (N,).
@@ -258,13 +268,17 @@ def sign_space(
     pos = adv >= 0
     one = torch.ones_like(adv)
     sgn = torch.where(pos, one, -one)  # (B,)
-    eps = torch.where(pos, one * h.eps_high, one * h.eps_low)  # (B,)
     q = r * along(sgn, r, seg)
-    cap = along(eps, r, seg)
-    cq = torch.where(q > cap, cap, q)
+    cap: Bound
+    if isinstance(h.eps_high, float) and h.eps_high == h.eps_low:
+        cap = h.eps_high
+    else:
+        cap = along(torch.where(pos, one * h.eps_high, one * h.eps_low), r, seg)
+    exact = differentiated(q)  # the gradient on a bound is 1 on every torch
+    cq = torch.where(q > cap, cap, q) if exact else q.clamp(max=cap)
     if h.log_dual is not None:
         floor = along(torch.where(pos, -math.inf, one * -h.log_dual), r, seg)
-        cq = torch.where(cq < floor, floor, cq)
+        cq = torch.where(cq < floor, floor, cq) if exact else cq.clamp(min=floor)
     return sgn, q, cq
 
 
@@ -334,7 +348,7 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
     sums = RowSums(cq_rows, n_rows, log_w_rows, kl_rows)
     totals = clip = None
     if across is not None:  # every sum before the exponential
-        clip = clip_signs(r, q, cq, mf, seg)
+        clip = clip_signs(r, q, cq, mf, seg, dual=h.log_dual is not None)
         sums = RowSums(sums.cq, sums.n, sums.log_w, sums.kl, clip.cut_rows, clip.signed_rows)
         reduced, lo, hi, totals = all_rows(sums.present(), clip.lo, clip.hi, across)
         sums = sums.replaced(reduced)
@@ -357,7 +371,7 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
         per_seq = policy + h.beta * sums.kl / nf
         kl_sum = wide_sum(sums.kl.detach())
     if clip is None:  # after the policy term, as compiled code schedules it best
-        clip = clip_signs(r, q, cq, mf, seg)
+        clip = clip_signs(r, q, cq, mf, seg, dual=h.log_dual is not None)
     del r, q, cq  # no longer needed: the gradient's (B, T) temporaries can take their memory
     stats = clip_stats(clip, adv, n_exact, dual=h.log_dual is not None)
     rows_b = max(per_seq.shape[0], 1)
@@ -370,9 +384,16 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
     return Forward(loss, per_seq, log_coef, stats, kl_sum, grad, totals)
 
 
-def clip_signs(r: Tensor, q: Tensor, cq: Tensor, mf: Tensor, seg: Segments | None) -> Cuts:
-    """Where the trust region cut q (:class:`Cuts`). Shape: r, q, cq, mf (B, T) or (N,)."""
-    lo, hi = log_ratio_range(r.detach(), mf)  # first: fewer (B, T) tensors alive at once
-    s = torch.sign(cq.detach() - q.detach())  # (B, T)
+def clip_signs(
+    r: Tensor, q: Tensor, cq: Tensor, mf: Tensor, seg: Segments | None, dual: bool = True
+) -> Cuts:
+    """Where the trust region cut q (:class:`Cuts`). Without ``dual`` (no dual clip) ``s`` is
+    never positive: ``|s| = -s``, and the cut rows are the negated signed rows, one row sum fewer.
+    Shape: r, q, cq, mf (B, T) or (N,)."""
+    lo, hi = log_ratio_range(constant(r), mf)  # first: fewer (B, T) tensors alive at once
+    s = torch.sign(constant(cq) - constant(q))  # (B, T)
+    signed = row_sum(s, seg, exact=True)
+    if not dual:
+        return Cuts(-s, -signed, signed, lo, hi)
     a = s.abs()
-    return Cuts(a, row_sum(a, seg, exact=True), row_sum(s, seg, exact=True), lo, hi)
+    return Cuts(a, row_sum(a, seg, exact=True), signed, lo, hi)
