@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-confirm-analysis study-confirm-reruns study-regime tasks-gym figures-vllm bench-env figures-liger
+.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-confirm-analysis study-confirm-reruns study-regime tasks-gym figures-vllm bench-env figures-liger study-which-loss-pilot study-which-loss study-which-loss-analysis
 
 setup: $(STAMP)
 
@@ -314,3 +314,41 @@ figures-vllm:
 		"run make vllm COMPAT_KEEP=1 first" >&2; exit 2; }
 	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} $(VLLM_PY) benchmarks/bench_vllm.py
 	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} $(VLLM_PY) benchmarks/bench_vllm_runs.py
+
+## docs/which_loss.md, the second study (docs/which_loss_plan.md fixes all of it). The pilot:
+## every variant on the pilot seeds of each task at each rate of the ladder; then the rule picks
+## each task's rate and stress rate into results/which-loss/pilot/pilot.json (about an hour on two
+## idle cores). The grid: every variant on the 20 grid seeds at those rates, task after task (at most
+## 840 runs, about 2 hours on two idle cores), then the planned analysis into results/which-loss/. Runs under
+## runs/which-loss*/ (a rerun reuses every finished run). Outside CI.
+WL_VARIANTS := gmpo,grpo,dapo,gspo,cispo,sapo,hmpo
+WL_TASKS := reverse chain_sum spell_backward
+WL_LADDER := 1.25e-4,2.5e-4,5e-4,1e-3,2e-3,4e-3,8e-3
+WL_SEEDS := $(shell seq -s, 4000 4019)
+WL_STUDY = $(BIN)/python -m studies.stability --variants $(WL_VARIANTS) --grad-clip none
+study-which-loss-pilot: setup
+	for t in $(WL_TASKS); do $(WL_STUDY) --task $$t --lr $(WL_LADDER) --seeds 3900,3901,3902 \
+		--curves-lr 2e-3 --out runs/which-loss-pilot/$$t || exit 1; done
+	$(BIN)/python -m studies.stability.pilot $(addprefix runs/which-loss-pilot/,$(WL_TASKS)) \
+		--out results/which-loss/pilot
+	for t in $(WL_TASKS); do mkdir -p results/which-loss/pilot/$$t && \
+		cp runs/which-loss-pilot/$$t/summary.md runs/which-loss-pilot/$$t/summary.json \
+		runs/which-loss-pilot/$$t/invocations.jsonl results/which-loss/pilot/$$t/; done
+
+study-which-loss: setup
+	for t in $(WL_TASKS); do rates=$$($(BIN)/python -m studies.stability.pilot --rates-of $$t \
+		--out results/which-loss/pilot) && [ -n "$$rates" ] || continue; \
+		$(WL_STUDY) --task $$t --lr $$rates --seeds $(WL_SEEDS) --curves-lr $${rates%%,*} \
+		--out runs/which-loss/$$t || exit 1; done
+	$(MAKE) study-which-loss-analysis
+
+## the grid's planned analysis from its runs (seconds): results/which-loss/which_loss.md and .json
+## and each task's summary.md, summary.json, curves.jsonl.gz and invocations.jsonl
+study-which-loss-analysis: setup
+	for t in $(WL_TASKS); do [ -f runs/which-loss/$$t/summary.json ] || continue; \
+		mkdir -p results/which-loss/$$t && cp runs/which-loss/$$t/summary.md \
+		runs/which-loss/$$t/summary.json runs/which-loss/$$t/curves.jsonl.gz \
+		runs/which-loss/$$t/invocations.jsonl results/which-loss/$$t/; done
+	$(BIN)/python -m studies.stability.which_loss $$(for t in $(WL_TASKS); do \
+		[ -f results/which-loss/$$t/summary.json ] && echo results/which-loss/$$t; done) \
+		--out results/which-loss

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 #: the learning rates the pilot runs, each twice the one before
-LADDER = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)
+LADDER = (1.25e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3, 8e-3)
 #: the median gain over the warm start at which a variant learns
 MARGIN = 0.1
 
