@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-confirm-analysis study-confirm-reruns study-regime tasks-gym figures-vllm bench-env figures-liger study-which-loss-pilot study-which-loss study-which-loss-analysis
+.PHONY: help setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-confirm-analysis study-confirm-reruns study-regime tasks-gym figures-vllm bench-env figures-liger study-which-loss-pilot study-which-loss study-which-loss-analysis study-which-loss-trl
 
 #: list every target with its one-line summary
 help:
@@ -62,7 +62,7 @@ bench: setup
 ## commands as a new figures-* target, writing into results/<its name>/, and list it here.
 ## `make check-numbers` (and tests/repo/test_doc_numbers.py) checks the pages against the results.
 #: every results/ folder the pages quote, and docs/img/ (many hours)
-figures: figures-trl figures-lm-head figures-verl figures-bench figures-liger figures-study figures-study-trl first-run study-confirm study-confirm-reruns study-regime tasks-gym compat study-which-loss-pilot study-which-loss
+figures: figures-trl figures-lm-head figures-verl figures-bench figures-liger figures-study figures-study-trl first-run study-confirm study-confirm-reruns study-regime tasks-gym compat study-which-loss-pilot study-which-loss study-which-loss-trl
 	$(MAKE) vllm COMPAT_KEEP=1
 	$(MAKE) figures-vllm
 
@@ -388,3 +388,16 @@ study-which-loss-analysis: setup
 	$(BIN)/python -m studies.stability.which_loss $$(for t in $(WL_TASKS); do \
 		[ -f results/which-loss/$$t/summary.json ] && echo results/which-loss/$$t; done) \
 		--out results/which-loss
+
+#: the second study's cross-check through TRL: results/which-loss/trl/
+## docs/which_loss_plan.md's cross-check: gmpo compare --against on chain_sum at the pilot's rate for
+## chain_sum, seeds 4000-4004 (about 20 minutes of two cores); results/which-loss/trl/summary.md,
+## summary.json and docs/img/which_loss_trl.png
+study-which-loss-trl: setup
+	rate=$$($(BIN)/python -m studies.stability.pilot --rates-of chain_sum --out results/which-loss/pilot \
+		| cut -d, -f1) && [ -n "$$rate" ] && \
+	$(BIN)/gmpo compare --against dapo,gspo,cispo,sapo,grpo --task chain_sum --seed 4000 --seeds 5 \
+		--learning_rate $$rate --disable_tqdm true --output_dir runs/which-loss-trl
+	mkdir -p results/which-loss/trl
+	cp runs/which-loss-trl/summary.md runs/which-loss-trl/summary.json results/which-loss/trl/
+	cp runs/which-loss-trl/compare.png docs/img/which_loss_trl.png
