@@ -1,4 +1,5 @@
-"""A user's own modules, as tests need them: run in a child process whose ``PYTHONPATH`` holds
+"""What the study's and the CLI's tests stand in with: a process pool that runs every job at once in
+this process (:class:`InlinePool`), and a user's own modules, as tests need them: run in a child process whose ``PYTHONPATH`` holds
 them (what ``PYTHONPATH=. gmpo train --loss_variant mine:fn`` does), or loaded into this
 process's ``sys.modules`` from a file (no ``sys.path`` edit: what is imported elsewhere is the
 package as installed)."""
@@ -9,7 +10,9 @@ import os
 import subprocess
 import sys
 import types
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,3 +51,24 @@ def load_module(
     monkeypatch.setitem(sys.modules, name, module)
     exec(compile(source, str(path), "exec"), module.__dict__)
     return module
+
+
+class InlinePool:
+    """A ProcessPoolExecutor that runs every job at once in this process."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __enter__(self) -> InlinePool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def map(self, fn: Any, *iterables: Any) -> list[Any]:
+        return list(map(fn, *iterables))
+
+    def submit(self, fn: Any, *args: Any) -> Future:
+        fut: Future = Future()
+        fut.set_result(fn(*args))
+        return fut

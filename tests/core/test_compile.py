@@ -15,21 +15,7 @@ from torch._dynamo.testing import CompileCounter
 
 from gmpo_core import _math, compiled, gmpo_loss, masked_power_mean
 from tests import _helpers
-
-
-def _inputs(b: int, t: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
-    g = torch.Generator().manual_seed(seed)
-    logp = -torch.rand(b, t, generator=g).to(dtype)
-    mask = torch.rand(b, t, generator=g) > 0.2
-    mask[0] = False  # an empty row
-    adv = torch.randn(b, generator=g)
-    adv[-1] = 0.0  # an A = 0 row
-    return {
-        "logp": logp.requires_grad_(),
-        "old_logp": (logp.detach().float() + 0.5 * torch.randn(b, t, generator=g)).to(dtype),
-        "advantages": adv,
-        "mask": mask,
-    }
+from tests._helpers import loss_inputs
 
 
 def test_compiled_forward_compiles_once_across_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -41,7 +27,7 @@ def test_compiled_forward_compiles_once_across_shapes(monkeypatch: pytest.Monkey
     )
     monkeypatch.setattr(compiled, "compiled_forward", fresh)
     for b, t in ((3, 5), (4, 17), (1, 9), (9, 64), (5, 1), (2, 300), (16, 33)):
-        x = _inputs(b, t)
+        x = loss_inputs(b, t)
         out = gmpo_loss(**x, impl="compiled", epsilon_high=0.28)
         out.loss.backward()
     assert counter.frame_count == 1
@@ -59,7 +45,7 @@ def test_loss_traces_into_a_user_graph_without_breaks(impl: str) -> None:
 
     fn = torch.compile(step, backend=counter, fullgraph=True, dynamic=True)
     for b, t in ((3, 8), (5, 13)):
-        x = _inputs(b, t, seed=b)
+        x = loss_inputs(b, t, seed=b)
         x["ref_logp"] = x["old_logp"] - 0.1
         loss, high = fn(x)
         (grad,) = torch.autograd.grad(loss, x["logp"])
@@ -79,7 +65,7 @@ def test_compiled_equals_plain_for_any_upstream_gradient(
 ) -> None:
     """Forward values, metrics, and the gradient for random upstream gradients of all three
     differentiable outputs (loss, per_sequence_loss, log_coef)."""
-    x = _inputs(6, 20, seed=1, dtype=dtype)
+    x = loss_inputs(6, 20, seed=1, dtype=dtype)
     kw: dict[str, Any] = {"epsilon": 0.3, "epsilon_high": 0.5}
     if weights == "row":
         kw["is_weights"] = torch.rand(6) + 0.5
@@ -114,7 +100,7 @@ def test_compiled_equals_plain_for_any_upstream_gradient(
 def test_backward_with_only_some_outputs_used(impl: str, used: str) -> None:
     """Outputs that do not reach the objective get no gradient (None): read as zero, as
     autograd of the math itself does (the traced path is the expectation)."""
-    x = _inputs(5, 9, seed=3)
+    x = loss_inputs(5, 9, seed=3)
     kw: dict[str, Any] = {"beta": 0.2, "ref_logp": x["old_logp"] - 0.3}
 
     def objective(out: Any) -> torch.Tensor:
@@ -134,7 +120,7 @@ def test_backward_with_only_some_outputs_used(impl: str, used: str) -> None:
 
 @pytest.mark.parametrize("impl", ["plain", "compiled"])
 def test_retain_graph_backward_twice(impl: str) -> None:
-    x = _inputs(4, 10, seed=4)
+    x = loss_inputs(4, 10, seed=4)
     out = gmpo_loss(**x, impl=impl)
     out.loss.backward(retain_graph=True)
     first = x["logp"].grad.clone()
@@ -145,7 +131,7 @@ def test_retain_graph_backward_twice(impl: str) -> None:
 @pytest.mark.parametrize("impl", ["plain", "compiled"])
 def test_scaled_loss(impl: str) -> None:
     """An upstream gradient of ``loss`` other than 1 (gradient accumulation divides the loss)."""
-    x = _inputs(4, 10, seed=5)
+    x = loss_inputs(4, 10, seed=5)
     (grad,) = torch.autograd.grad(gmpo_loss(**x, impl=impl).loss * 0.25, x["logp"])
     (unit,) = torch.autograd.grad(gmpo_loss(**x, impl=impl).loss, x["logp"])
     assert unit.abs().sum() > 0
@@ -157,7 +143,7 @@ def test_scaled_loss(impl: str) -> None:
 def test_mask_of_any_dtype_equals_a_bool_mask(impl: str, mask_dtype: torch.dtype) -> None:
     """A 0/1 mask of any dtype selects the same tokens as the bool mask (S6). The compiled path
     reads integer masks as numbers (:func:`gmpo_core._math.valid_tokens`)."""
-    x = _inputs(5, 12, seed=6)
+    x = loss_inputs(5, 12, seed=6)
     kw: dict[str, Any] = {"epsilon_high": 0.28, "dual_clip": 2.0, "is_weights": torch.rand(5, 12)}
     expected = gmpo_loss(**x, impl="plain", **kw)
     (expected_grad,) = torch.autograd.grad(expected.loss, x["logp"])
@@ -179,7 +165,7 @@ def test_compiled_kernel_reads_a_bool_mask_as_bytes(monkeypatch: pytest.MonkeyPa
         return _math.forward(b, *args)
 
     monkeypatch.setattr(compiled, "compiled_forward", lambda: record)
-    x = _inputs(3, 7)
+    x = loss_inputs(3, 7)
     gmpo_loss(**x, impl="compiled").loss.backward()
     assert len(seen) == 1
     assert seen[0].dtype == torch.uint8

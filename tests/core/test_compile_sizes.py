@@ -14,21 +14,7 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from gmpo_core import compiled, gmpo_loss
-
-
-def _inputs(b: int, t: int, seed: int = 0) -> dict[str, Any]:
-    g = torch.Generator().manual_seed(seed)
-    logp = -torch.rand(b, t, generator=g)
-    mask = torch.rand(b, t, generator=g) > 0.2
-    mask[0] = False  # an empty row
-    adv = torch.randn(b, generator=g)
-    adv[-1] = 0.0  # an A = 0 row
-    return {
-        "logp": logp.requires_grad_(),
-        "old_logp": logp.detach() + 0.5 * torch.randn(b, t, generator=g),
-        "advantages": adv,
-        "mask": mask,
-    }
+from tests._helpers import loss_inputs
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch, backend: str) -> CompileCounterWithBackend:
@@ -90,7 +76,7 @@ def test_new_sizes_do_not_recompile_with_inductor(monkeypatch: pytest.MonkeyPatc
     rows past 4096 tokens up to 32k, batches past 4096 rows: one compilation."""
     counter = _counting(monkeypatch, "inductor")
     for b, t in ((3, 5), (3, 4100), (5000, 3), (2, 32768)):
-        _same_as_plain(_inputs(b, t, seed=t))
+        _same_as_plain(loss_inputs(b, t, seed=t))
         assert counter.frame_count == 1, (b, t)
 
 
@@ -112,7 +98,7 @@ def test_equal_sizes_at_the_first_call_do_not_recompile(monkeypatch: pytest.Monk
     sizing"), and the next batch with B != T compiled again."""
     counter = _counting(monkeypatch, "eager")
     for b, t in ((4, 4), (3, 5), (6, 2)):
-        _same_as_plain(_inputs(b, t, seed=b))
+        _same_as_plain(loss_inputs(b, t, seed=b))
         assert counter.frame_count == 1, (b, t)
     for lengths in ((1, 1, 1), (2, 3), (4, 2, 2, 1)):  # N = S = 3 first
         _same_as_plain(_packed(lengths, seed=len(lengths)))

@@ -4,33 +4,12 @@ and ``calibrate --task`` refusing a gym task without reasoning_gym."""
 from __future__ import annotations
 
 import sys
-from concurrent.futures import Future
 from typing import Any
 
 import pytest
 
 from studies.stability import band, calibrate
-
-
-class _Inline:
-    """A ProcessPoolExecutor that runs every job at once in this process."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def __enter__(self) -> _Inline:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def map(self, fn: Any, *iterables: Any) -> list[Any]:
-        return list(map(fn, *iterables))
-
-    def submit(self, fn: Any, *args: Any) -> Future:
-        fut: Future = Future()
-        fut.set_result(fn(*args))
-        return fut
+from tests._user_code import InlinePool
 
 
 def _rule(monkeypatch: pytest.MonkeyPatch, reward: Any) -> tuple[dict[str, Any], list[tuple]]:
@@ -48,7 +27,7 @@ def _rule(monkeypatch: pytest.MonkeyPatch, reward: Any) -> tuple[dict[str, Any],
                 "last10": 0.6, "length_first": 2.5, "length_last": 2.1, "run_cpu_s": 12.0,
                 **({"hf_reward": 0.25, "hf_cpu_s": 30.0} if seed == 900 else {})}  # fmt: skip
 
-    monkeypatch.setattr(band, "ProcessPoolExecutor", _Inline)
+    monkeypatch.setattr(band, "ProcessPoolExecutor", InlinePool)
     monkeypatch.setattr(band, "_warm", warm)
     monkeypatch.setattr(band, "_run", run)
     monkeypatch.setattr(band, "_examples", lambda task: [{"prompt": "4-1-7=", "answer": "-4"}])

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from studies.stability import __main__ as stability
 from studies.stability import sweep as sweep_module
 from studies.stability.run import Setup, group_advantages, rl_run, warm_start
 from studies.stability.sweep import read_curves
-from tests._user_code import load_module, run_with_modules
+from tests._user_code import InlinePool, load_module, run_with_modules
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -143,27 +142,6 @@ def test_cli_refusals_are_one_line_exit_2_before_the_warm_start(
     assert not out.exists()
 
 
-class _Inline:
-    """A ProcessPoolExecutor that runs every job at once in this process."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def __enter__(self) -> _Inline:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def map(self, fn: Any, *iterables: Any) -> list[Any]:
-        return list(map(fn, *iterables))
-
-    def submit(self, fn: Any, *args: Any) -> Future:
-        fut: Future = Future()
-        fut.set_result(fn(*args))
-        return fut
-
-
 @pytest.fixture
 def fake_sweep(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, float]]:
     """stability.sweep without workers and with stand-in jobs: a run's reward curve is its
@@ -177,7 +155,7 @@ def fake_sweep(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, float]]:
         computed.append((variant, lr))
         return {"curves": {"reward": [lr]}, "cpu_s": 0.0}
 
-    monkeypatch.setattr(sweep_module, "ProcessPoolExecutor", _Inline)
+    monkeypatch.setattr(sweep_module, "ProcessPoolExecutor", InlinePool)
     monkeypatch.setattr(sweep_module, "warm_job", warm_job)
     monkeypatch.setattr(sweep_module, "run_job", run_job)
     return computed

@@ -29,7 +29,7 @@ import dataclasses
 import importlib.util
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
 from types import ModuleType
@@ -49,12 +49,8 @@ GRAD_RTOL = 1e-4  # as tests/trl/test_variants_grpo.py: per-parameter sums of ma
 
 
 @pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """The tiny model's matrices are kilobytes: one thread (see tests/trl/conftest.py)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_thread: None) -> None:
+    """The tiny model's matrices are kilobytes: one thread (tests/conftest.py's ``one_thread``)."""
 
 
 # ---- the registry, with or without verl ----
