@@ -15,7 +15,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # vLLM's KV cache in GiB (
 
 def main(max_steps: int = 150, output_dir: str = "runs/vllm_cpu") -> GMPOTrainer:
     # a tiny random Qwen2 with one head of 32: vLLM's CPU attention takes head sizes from 32
-    model, tokenizer = successor.model(seed=0, heads=1)
+    model, tokenizer = successor.TASK.model(seed=0, heads=1)
     init = Path(output_dir) / "init"
     model.save_pretrained(init)
     tokenizer.save_pretrained(init)
