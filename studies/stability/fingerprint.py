@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import re
 import sys
 import types
 from pathlib import Path
@@ -21,6 +22,8 @@ from typing import Any
 
 from gmpo_variants import resolve
 
+#: a memory address in a repr ("<object at 0x7f...>"), which differs from process to process
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 _PLAIN = (int, float, complex, str, bytes, bool, type(None))
 #: libraries whose functions a fingerprint names rather than reads (gmpo_core's source is in
 #: ``studies.stability.run.Setup.code_fingerprint``; torch's version too)
@@ -65,9 +68,15 @@ def _describe(obj: Any, seen: set[int], out: list[str]) -> None:
             out.append(Path(path).read_text(encoding="utf-8"))
     elif isinstance(obj, type | types.BuiltinFunctionType):
         out.append(f"{obj.__module__}.{obj.__qualname__}")
+    elif callable(getattr(obj, "__wrapped__", None)):  # functools.wraps, lru_cache: what it wraps
+        out.append(f"{type(obj).__module__}.{type(obj).__qualname__}")
+        _describe(obj.__wrapped__, seen, out)
     elif callable(obj) and hasattr(obj, "__dict__"):  # a callable object: its class and state
         cls = type(obj)
-        out.append(f"{cls.__module__}.{cls.__qualname__}{sorted(vars(obj).items())!r}")
+        out.append(f"{cls.__module__}.{cls.__qualname__}")
+        for key, value in sorted(vars(obj).items()):  # described, not repr'd: no addresses
+            out.append(key)
+            _describe(value, seen, out)
         path = getattr(sys.modules.get(cls.__module__), "__file__", None) or ""
         if id(cls) not in seen and not _library(cls.__module__, path):
             seen.add(id(cls))
@@ -75,8 +84,8 @@ def _describe(obj: Any, seen: set[int], out: list[str]) -> None:
             for attr in vars(cls).values():  # the functions its methods read, recursively
                 if isinstance(attr, types.FunctionType):
                     _describe(attr, seen, out)
-    else:  # a constant of another type (a tensor, a dtype...): its repr
-        out.append(f"{type(obj).__qualname__}:{obj!r}")
+    else:  # a constant of another type (a tensor, a dtype...): its repr, without addresses
+        out.append(f"{type(obj).__qualname__}:{_ADDRESS.sub('', repr(obj))}")
 
 
 def _names(code: types.CodeType) -> list[str]:
