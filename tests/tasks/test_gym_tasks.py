@@ -15,6 +15,7 @@ import pytest
 
 from gmpo_tasks import gym
 from gmpo_tasks.registry import TASKS
+from studies.stability.sweep import read_curves
 from tests.tasks.test_gym_extra import GYM, ROOT, _path
 
 rg = pytest.importorskip("reasoning_gym")
@@ -157,8 +158,8 @@ def test_the_studys_quick_run_on_a_gym_task(tmp_path) -> None:
     subprocess.run(cmd, check=True, capture_output=True, timeout=300, cwd=ROOT,
                    env={"PYTHONPATH": _path(), "PATH": "/usr/bin:/bin"})  # fmt: skip
     records = json.loads((tmp_path / "summary.json").read_text())
-    assert [(r["task"], r["method"], r["seed"]) for r in records] == [("chain_sum", "gmpo", 0)]
-    curves = json.loads((tmp_path / "curves.jsonl").read_text().splitlines()[0])["curves"]
+    assert [(r["task"], r["variant"], r["seed"]) for r in records] == [("chain_sum", "gmpo", 0)]
+    curves = read_curves(tmp_path)[0]["curves"]
     # at 2 terms, answers of 1 or 2 characters and the end-of-sequence token: 2 to 3 tokens
     assert len(curves["length"]) == 6 and all(1 <= x <= 3 for x in curves["length"])
     assert '"length": 2' in (tmp_path / "summary.md").read_text()
