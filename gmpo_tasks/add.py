@@ -58,10 +58,7 @@ class AddTask(Task):
     warm: WarmStart = field(default=WARM)
 
     name: ClassVar[str] = "add"
-    about: ClassVar[str] = (
-        "add two 4-digit numbers (least significant digit first), exact match; a tiny "
-        "GPT-2-style model warm-started on noisy demonstrations"
-    )
+    about: ClassVar[str] = "add two 4-digit numbers (least significant digit first), exact match"
     quick_length: ClassVar[int] = 3
 
     @property

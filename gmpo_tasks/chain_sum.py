@@ -43,10 +43,7 @@ class ChainSumTask(GymTask):
     warm: WarmStart = field(default=WARM)
 
     name: ClassVar[str] = "chain_sum"
-    about: ClassVar[str] = (
-        "reasoning-gym's chain_sum: 3 one-digit terms, prompt '4-1-7=', answers of 1 to 3 "
-        "characters; the gym's score_answer (needs gmpo[gym])"
-    )
+    about: ClassVar[str] = "3 one-digit terms, prompt '4-1-7=', answers of 1 to 3 characters"
     alphabet: ClassVar[str] = DIGITS + "+-" + SEP
     symbols: ClassVar[str] = DIGITS + "+-" + SEP
     answer_chars: ClassVar[str] = DIGITS + "-"

@@ -45,10 +45,7 @@ class CountdownTask(GymTask):
     warm: WarmStart = field(default=WARM)
 
     name: ClassVar[str] = "countdown"
-    about: ClassVar[str] = (
-        "reasoning-gym's countdown: 3 one-digit numbers with + and -, prompt '396:12=', many "
-        "right answers; the gym's score_answer (needs gmpo[gym])"
-    )
+    about: ClassVar[str] = "3 one-digit numbers with + and -, prompt '396:12=', many right answers"
     alphabet: ClassVar[str] = DIGITS + "+-" + COLON + SEP
     symbols: ClassVar[str] = DIGITS + "+-" + COLON + SEP
     answer_chars: ClassVar[str] = DIGITS + "+-"

@@ -6,6 +6,8 @@ To add a task, write its module (a :class:`gmpo_tasks.task.Task` subclass and it
 
 from __future__ import annotations
 
+import importlib.util
+
 from gmpo_tasks import add, chain_sum, countdown, reverse, spell_backward, successor
 from gmpo_tasks.task import Task
 
@@ -15,7 +17,20 @@ TASKS: dict[str, Task] = {t.name: t for t in _ALL}
 
 
 def get_task(name: object) -> Task:
-    """The task called ``name``; a ValueError names the choices."""
+    """The task called ``name``, its extra installed; a ValueError of one line names the choices
+    or the extra to install."""
     if not isinstance(name, str) or name not in TASKS:
         raise ValueError(f"--task must be one of {', '.join(TASKS)}, got {name!r}")
+    check_available(TASKS[name])
     return TASKS[name]
+
+
+def check_available(task: Task) -> None:
+    """A ValueError of one line naming the extra to install where ``task.requires`` is not
+    importable (found without importing it)."""
+    if task.requires is None or importlib.util.find_spec(task.requires) is not None:
+        return
+    raise ValueError(
+        f"the {task.name} task needs {task.requires.replace('_', '-')}, which is not "
+        f"installed: pip install 'gmpo[{task.extra or task.requires}]'"
+    )

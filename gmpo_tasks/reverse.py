@@ -76,10 +76,7 @@ class ReverseTask(Task):
     partial_credit: bool = False
 
     name: ClassVar[str] = "reverse"
-    about: ClassVar[str] = (
-        "reverse 16 digits, exact match; a tiny GPT-2-style model warm-started on noisy "
-        "demonstrations"
-    )
+    about: ClassVar[str] = "reverse 16 digits, exact match"
     quick_length: ClassVar[int] = 6
 
     @property

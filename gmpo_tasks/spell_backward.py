@@ -44,10 +44,7 @@ class SpellBackwardTask(GymTask):
     warm: WarmStart = field(default=WARM)
 
     name: ClassVar[str] = "spell_backward"
-    about: ClassVar[str] = (
-        "reasoning-gym's spell_backward: words of 3 to 8 letters, prompt '...splat=', answers "
-        "of 3 to 8 letters; the gym's score_answer (needs gmpo[gym])"
-    )
+    about: ClassVar[str] = "words of 3 to 8 letters, prompt '...splat=', answers of 3 to 8 letters"
     alphabet: ClassVar[str] = LETTERS + PAD + SEP
     symbols: ClassVar[str] = LETTERS + PAD + SEP
     answer_chars: ClassVar[str] = LETTERS

@@ -23,7 +23,6 @@ are imported when a model or a dataset is built.
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import sys
 from collections.abc import Sequence
@@ -192,16 +191,6 @@ class Task:
                 files.add(path)
         return sorted(files)
 
-    def check_available(self) -> None:
-        """A ValueError of one line naming the extra to install where :attr:`requires` is not
-        importable (found without importing it)."""
-        if self.requires is None or importlib.util.find_spec(self.requires) is not None:
-            return
-        raise ValueError(
-            f"the {self.name} task needs {self.requires.replace('_', '-')}, which is not "
-            f"installed: pip install 'gmpo[{self.extra or self.requires}]'"
-        )
-
     def versions(self) -> dict[str, str]:
         """The versions of the packages a task's data come from (:attr:`requires`)."""
         if self.requires is None:
@@ -268,12 +257,13 @@ class Task:
         args.update(overrides)
         return args
 
-    def describe(self) -> str:
-        """``about`` and the run's setting, for ``--help``."""
+    def setting(self) -> str:
+        """The run's setting without ``--model``, for ``--help`` (tasks that share one are named
+        together)."""
         c = self.cell
         return (
-            f"{self.about}; without --model, {c.rollouts} generations of {c.prompts} prompts x "
-            f"{c.group} completions, {c.minibatches * c.epochs} optimizer steps on each "
-            f"(steps_per_generation={c.minibatches}, num_iterations={c.epochs}), "
-            f"learning_rate={c.lr:g}, max_grad_norm=0"
+            "a tiny GPT-2-style model warm-started on noisy demonstrations, "
+            f"{c.rollouts} generations of {c.prompts} prompts x {c.group} completions, "
+            f"{c.minibatches * c.epochs} optimizer steps on each (steps_per_generation="
+            f"{c.minibatches}, num_iterations={c.epochs}), learning_rate={c.lr:g}, max_grad_norm=0"
         )

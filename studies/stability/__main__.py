@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from gmpo_stats.outcome import DROP, WINDOW
-from gmpo_tasks.registry import TASKS
+from gmpo_tasks.registry import TASKS, check_available
 from gmpo_variants import VARIANTS, resolve
 from studies.stability.plot import plot
 from studies.stability.report import tables
@@ -116,7 +116,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fresh", action="store_true", help="recompute cached runs too")
     args = p.parse_args(argv)
     try:  # a task's extra (reasoning-gym's tasks), before any work
-        TASKS[args.task].check_available()
+        check_available(TASKS[args.task])
     except ValueError as e:
         p.error(f"--task {args.task}: {e}")
     grid = QUICK if args.quick else FULL

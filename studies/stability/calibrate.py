@@ -36,7 +36,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from gmpo_tasks.registry import TASKS
+from gmpo_tasks.registry import TASKS, check_available
 from studies.stability.band import calibrate_band, report_band
 from studies.stability.run import Setup, init_worker, warm_start
 
@@ -120,7 +120,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--workers", type=int, default=2)
     args = p.parse_args(argv)
     try:
-        TASKS[args.task].check_available()
+        check_available(TASKS[args.task])
     except ValueError as e:
         p.exit(2, f"{p.prog}: error: --task {args.task}: {e}\n")
     t0 = time.time()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gmpo_tasks.registry import TASKS
+from gmpo_tasks.registry import TASKS, check_available
 
 ROOT = Path(__file__).resolve().parents[2]
 GYM = ("chain_sum", "countdown", "spell_backward")
@@ -36,8 +36,8 @@ def test_refused_in_one_line_without_reasoning_gym(monkeypatch, capsys) -> None:
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # `import reasoning_gym` fails
     for name in GYM:
         with pytest.raises(ValueError, match=r"pip install 'gmpo\[gym\]'"):
-            TASKS[name].check_available()
-    TASKS["reverse"].check_available()  # a task that needs no extra
+            check_available(TASKS[name])
+    check_available(TASKS["reverse"])  # a task that needs no extra
     monkeypatch.setattr(stability, "sweep", lambda *a: pytest.fail("reached the sweep"))
     with pytest.raises(SystemExit) as exc:
         stability.parse(["--task", "countdown", "--quick"])

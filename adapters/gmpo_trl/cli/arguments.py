@@ -11,8 +11,22 @@ from gmpo_trl.cli.comparators import COMPARATORS, DEFAULT_AGAINST
 
 
 def _task_help() -> str:
-    choices = " or ".join(f"{name!r} ({task.describe()})" for name, task in TASKS.items())
-    return f"The built-in task, for what --model, --dataset or --reward does not name: {choices}."
+    choices = " or ".join(f"{name!r} ({task.about})" for name, task in TASKS.items())
+    settings: dict[str, list[str]] = {}
+    extras: dict[str, list[str]] = {}
+    for name, task in TASKS.items():
+        if task.setting():
+            settings.setdefault(task.setting(), []).append(name)
+        if task.requires:
+            extras.setdefault(f"{task.requires.replace('_', '-')} (gmpo[{task.extra}])", []).append(
+                name
+            )
+    runs = [f"Without --model, {', '.join(names)}: {s}." for s, names in settings.items()]
+    needs = [f"{', '.join(names)} come from {source}." for source, names in extras.items()]
+    return " ".join(
+        [f"The built-in task, for what --model, --dataset or --reward does not name: {choices}.",
+         *runs, *needs]
+    )  # fmt: skip
 
 
 @dataclass

@@ -42,7 +42,10 @@ def short_help(command: str) -> str:
         "when no --model is given (the built-in toy run).",
     )
 
+    listed: set[str] = set()  # options shown here, with their [toy: X] where it differs
+
     def add(group: Any, name: str, metavar: str, default: Any, text: str) -> None:
+        listed.add(name)
         parts = [text.rstrip(".") + "."]
         if default is not None:
             parts.append(f"Default: {_fmt(default)}.")
@@ -80,15 +83,15 @@ def short_help(command: str) -> str:
         action="store_true",
         help="Every GMPOConfig / GRPOConfig option (imports TRL: several seconds).",
     )
-    toy_text = ", ".join(f"{k}={_fmt(v)}" for k, v in toy.items())
+    toy_text = ", ".join(f"{k}={_fmt(v)}" for k, v in toy.items() if k not in listed)
     parser.epilog = "\n\n".join(
         textwrap.fill(t)
         for t in (
-            "Every GMPOConfig field is an option (--help-all). Without a GPU the run is on the "
-            "CPU (use_cpu=true, bf16=false) unless you set them.",
+            "Every GMPOConfig field is an option (--help-all).",
             "Without --model, the built-in toy run: a 2-layer Qwen2-style model with random "
             "weights and a character tokenizer on the successor task (prompt 'd=', reward 1 "
-            f"when the completion starts with (d + 1) % 10), with {toy_text}. None of these "
+            f"when the completion starts with (d + 1) % 10), with {toy_text} and the [toy: X] "
+            "values above. None of these "
             "applies when --model is given.",
         )
     )
