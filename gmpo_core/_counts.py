@@ -30,11 +30,11 @@ class Cuts(NamedTuple):
 
 def log_ratio_range(r: Tensor, mf: Tensor) -> tuple[Tensor, Tensor]:
     """Min and max of ``r`` over valid tokens (``mf``: 0/1), ``+big`` and ``-big`` (the dtype's
-    largest float) where there is none (:func:`unreached` turns them into ±inf).
+    largest float) where there is none (:func:`clip_stats` turns them into ±inf).
     Shape: (B, T) or (N,) -> (), ()."""
     # invalid tokens are pushed out of reach by the largest float
     big = torch.finfo(r.dtype).max
-    far = torch.addcmul(r.new_full((), big), mf, r.new_full((), -big))  # 0 at valid tokens
+    far = torch.rsub(mf, big, alpha=big)  # big - big mf: 0 at valid tokens, one pass
     return extreme(r + far, "min"), extreme(r - far, "max")
 
 
@@ -45,44 +45,53 @@ def clip_stats(c: Cuts, adv: Tensor, n: Tensor, dual: bool = True) -> ClipStats:
     ``num_clipped_dual`` is None: built so, not replaced afterwards (torch 2.4's ``torch.compile``
     cannot trace ``NamedTuple._replace``).
 
+    The per-row values go through each reduction stacked, one tensor op for all of them: on a
+    small batch every op costs its dispatch, whatever its size (docs/benchmarks.md).
+
     Shape: c.lo, c.hi (); c.cut_rows, c.signed_rows, adv, n (B,).
     """
-    lo, hi = c.lo, c.hi
     at_eps = (c.cut_rows - c.signed_rows) / 2  # (B,)
-    at_cap = (c.cut_rows + c.signed_rows) / 2  # (B,) A < 0 rows only
     low = torch.where(adv < 0, at_eps, 0)
     high = torch.where(adv > 0, at_eps, 0)
-    nonempty = n > 0
-    nf = n.clamp(min=1)
-    big = torch.finfo(lo.dtype).max
+    counts = [n, low, high]
+    if dual:
+        counts.append((c.cut_rows + c.signed_rows) / 2)  # (B,) at the cap: A < 0 rows only
+    totals = total(torch.stack(counts)).unbind()  # exact int64 each
+    # the rows' clipped fractions, over the non-empty rows (maxima negated: one min for both)
+    fractions = torch.stack((low, -high)) / n.clamp(min=1)  # (2, B)
+    row_min = extreme(torch.where(n > 0, fractions, math.inf), "min", rows=False)  # (2,)
+    # the range, where no valid token was found (+-big) as +-inf
+    ends = torch.stack((c.lo, c.hi))
+    ends = torch.where(ends.abs() >= torch.finfo(ends.dtype).max, ends * math.inf, ends)
+    row_low_min, neg_row_high_max = row_min.to(ends.dtype).unbind()
+    lo, hi = ends.unbind()
     return ClipStats(
-        num_tokens=total(n),
-        num_clipped_low=total(low),
-        num_clipped_high=total(high),
-        num_clipped_dual=total(at_cap) if dual else None,
-        log_ratio_min=unreached(lo, big),
-        log_ratio_max=unreached(hi, big),
-        row_clip_low_min=extreme(torch.where(nonempty, low / nf, math.inf), "min").to(lo.dtype),
-        row_clip_high_max=extreme(torch.where(nonempty, high / nf, -math.inf), "max").to(lo.dtype),
+        num_tokens=totals[0],
+        num_clipped_low=totals[1],
+        num_clipped_high=totals[2],
+        num_clipped_dual=totals[3] if dual else None,
+        log_ratio_min=lo,
+        log_ratio_max=hi,
+        row_clip_low_min=row_low_min,
+        row_clip_high_max=-neg_row_high_max,
     )
 
 
 def total(per_row: Tensor) -> Tensor:
-    """The exact int64 total of per-row float counts. Shape: (B,) -> ()."""
-    return per_row.to(torch.int64).sum()
+    """The exact int64 totals of per-row float counts. Shape: (..., B) -> (...)."""
+    return per_row.to(torch.int64).sum(-1)
 
 
-def extreme(x: Tensor, kind: str) -> Tensor:
-    """Min or max over all of ``x``: +inf or -inf when it is empty. Shape: (B, T), (B,) or
-    (N,) -> ().
-    Rows first, so that compiled code takes them in the pass that makes the row sums."""
+def extreme(x: Tensor, kind: str, rows: bool = True) -> Tensor:
+    """Min or max over all of ``x`` (``rows``), or over its last axis: +inf or -inf where it is
+    empty. Shape: (B, T), (B,) or (N,) -> (); with ``rows=False`` (K, B) -> (K,).
+    Rows first where traced, so that compiled code takes them in the pass that makes the row
+    sums; eagerly in one reduction (the same value: a min or max is exact)."""
     if x.numel() == 0:
-        return x.new_full((), math.inf if kind == "min" else -math.inf)
-    if x.dim() == 2:
+        shape = () if rows else x.shape[:-1]
+        return x.new_full(shape, math.inf if kind == "min" else -math.inf)
+    if x.dim() == 2 and (not rows or torch.compiler.is_compiling()):
         x = x.amin(-1) if kind == "min" else x.amax(-1)
+    if not rows:
+        return x
     return x.amin() if kind == "min" else x.amax()
-
-
-def unreached(x: Tensor, big: float) -> Tensor:
-    """±inf where an extremum over valid tokens found none (it reads ±``big`` then)."""
-    return torch.where(x.abs() >= big, x.sign() * math.inf, x)

@@ -158,16 +158,20 @@ def segments(cu_seqlens: Tensor, n_tokens: int) -> Segments:
     :func:`gmpo_core._checks.check_cu_seqlens_values` rejects such values on request), and each
     token's row, ``#{i >= 1: offsets[i] <= t}``, as a cumulative count of row starts."""
     offsets = torch.cummax(cu_seqlens.to(torch.int64).clamp(0, n_tokens), 0).values
-    inner = offsets[1:-1]  # the starts of rows 1..S-1 (N for trailing empty rows)
-    starts = offsets.new_zeros(n_tokens + 1).index_add_(0, inner, torch.ones_like(inner))
-    return Segments(offsets, starts[:n_tokens].cumsum(0))
+    # The ends of rows 0..S-1 are the starts of rows 1..S (N for the last and trailing empty
+    # rows); row S does not exist, so the count stops at S - 1. Not ``offsets[1:-1]``: compiled
+    # code would specialize its size S - 1 at 1 (a recompilation between S = 2 and S = 3).
+    ends = offsets[1:]
+    starts = offsets.new_zeros(n_tokens + 1).index_add_(0, ends, torch.ones_like(ends))
+    return Segments(offsets, starts[:n_tokens].cumsum(0).clamp(max=offsets.shape[0] - 2))
 
 
 def row_sum(x: Tensor, seg: Segments | None, exact: bool = False) -> Tensor:
     """Per-row sums: over the last axis of padded rows (ATen's pairwise sum), over each segment
     of packed ones accumulated in float64 (a segment's sum is sequential: in float32 it would
-    lose digits with the segment's length). In ``x``'s dtype; with ``exact`` (counts), float64
-    wherever ``x``'s dtype could not hold every integer of the sum (float32 counts to 2^24).
+    lose digits with the segment's length). In ``x``'s dtype; with ``exact`` (counts: ``x``
+    holds integers), float64 wherever ``x``'s dtype could not hold every integer of the sum
+    (float32 counts to 2^24). Padded sums in compiled CPU code: see :func:`unguarded`.
     Packed sums of a tensor that may be differentiated (:func:`differentiated`) are an
     ``index_add`` over each token's row, which has a double backward and a forward derivative;
     the others (the forward inside the paths' ``autograd.Function``, counts) a
@@ -175,15 +179,43 @@ def row_sum(x: Tensor, seg: Segments | None, exact: bool = False) -> Tensor:
     for 164k tokens, torch 2.13). Both sum each segment in token order on CPU, so they agree to
     the bit there. Shape: (B, T) -> (B,), or (N,) -> (S,)."""
     if seg is None:
-        if exact and x.dtype != torch.float64 and x.shape[-1] > _EXACT_FLOAT32:
+        wide = exact and x.dtype != torch.float64 and x.shape[-1] > _EXACT_FLOAT32
+        if exact and unguarded(x):  # counts in int32: exact to 2^31, about as fast as float32
+            counts = x.to(torch.int32).sum(-1, dtype=torch.int32)
+            return counts.to(torch.float64 if wide else x.dtype)
+        if wide:
             return x.sum(-1, dtype=torch.float64)
-        return x.sum(-1)
+        return wide_sum(x, -1)
     x64 = x.to(torch.float64)
     if differentiated(x):
         sums = x64.new_zeros(seg.offsets.shape[0] - 1).index_add(0, seg.ids, x64)
     else:
         sums = torch.segment_reduce(x64, "sum", offsets=seg.offsets, unsafe=True)
     return sums if exact else sums.to(x.dtype)
+
+
+def wide_sum(x: Tensor, dim: int | None = None) -> Tensor:
+    """``x.sum(dim)`` (all of ``x`` when ``dim`` is None) in ``x``'s dtype; accumulated in
+    float64 where :func:`unguarded`. Shape: (..., T) -> (...), or () with ``dim`` None."""
+    if unguarded(x):
+        wide = x.sum(dtype=torch.float64) if dim is None else x.sum(dim, dtype=torch.float64)
+        return wide.to(x.dtype)
+    return x.sum() if dim is None else x.sum(dim)
+
+
+def unguarded(x: Tensor) -> bool:
+    """Whether a sum of ``x`` is traced for Inductor's CPU code in float32 (or lower): there it
+    is taken in another dtype (float64 values, int32 counts). Inductor's CPU code for a float32
+    sum chooses between two loops by whether it runs over more than 4096 elements, and guards
+    that choice on the sizes of the first call: a later call on the other side of 4096 (a
+    (3, 5) batch, then (3, 4100) or (5000, 3)) would compile again. Other dtypes have one loop.
+    Eager code, float64 and other devices sum as ATen does."""
+    return (
+        torch.compiler.is_compiling()
+        and x.device.type == "cpu"
+        and x.is_floating_point()
+        and x.dtype != torch.float64
+    )
 
 
 def differentiated(x: Tensor) -> bool:
@@ -194,6 +226,12 @@ def differentiated(x: Tensor) -> bool:
     if x.requires_grad:
         return True
     return not torch.compiler.is_compiling() and has_tangent(x)
+
+
+def constant(x: Tensor) -> Tensor:
+    """``x`` detached where it records history (a ``detach`` is a call of its own, which counts on
+    small batches: the paths' forward runs without history)."""
+    return x.detach() if x.requires_grad else x
 
 
 def has_tangent(x: Tensor) -> bool:
@@ -215,10 +253,14 @@ def sign_space(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The trust region (S1) in sign space, ``q = sign(A) r``, where every row's region is the
     upper bound ``q <= eps`` (eps_high where A >= 0, eps_low where A < 0), and under a dual clip
-    also ``q >= -log dual_clip`` where A < 0. Each bound is a ``torch.where`` on a strict
-    comparison, which runs at the speed of a copy in ATen and passes the gradient 1 to a value
-    exactly on the bound on every torch (a ``clamp`` passes 1 there on torch 2.4 to 2.13;
-    torch 2.14.1 passes 0.5 with a tensor bound, 0 with a number bound).
+    also ``q >= -log dual_clip`` where A < 0. Where the result may be differentiated
+    (:func:`differentiated`), each bound is a ``torch.where`` on a strict comparison, which passes
+    the gradient 1 to a value exactly on the bound on every torch (a ``clamp`` passes 1 there on
+    torch 2.4 to 2.13; torch 2.14.1 passes 0.5 with a tensor bound, 0 with a number bound).
+    Elsewhere (the paths' forward, which writes the gradient itself) it is a ``clamp``, the same
+    values in one pass: the comparison and the ``where`` on its bool result took 12 % of a
+    plain call at 256 x 4096 on CPU (docs/benchmarks.md). Equal bounds given as numbers (the
+    plain path's) stay numbers: no per-row tensor of them is made.
 
     Returns ``(sign, q, clipped q)``. Shape: r (B, T) or (B,), adv (B,) -> sign (B,), q and
     clipped q of r's shape; or with ``seg``, r (N,) and adv (S,) -> sign (S,), q (N,).
@@ -226,13 +268,17 @@ def sign_space(
     pos = adv >= 0
     one = torch.ones_like(adv)
     sgn = torch.where(pos, one, -one)  # (B,)
-    eps = torch.where(pos, one * h.eps_high, one * h.eps_low)  # (B,)
     q = r * along(sgn, r, seg)
-    cap = along(eps, r, seg)
-    cq = torch.where(q > cap, cap, q)
+    cap: Bound
+    if isinstance(h.eps_high, float) and h.eps_high == h.eps_low:
+        cap = h.eps_high
+    else:
+        cap = along(torch.where(pos, one * h.eps_high, one * h.eps_low), r, seg)
+    exact = differentiated(q)  # the gradient on a bound is 1 on every torch
+    cq = torch.where(q > cap, cap, q) if exact else q.clamp(max=cap)
     if h.log_dual is not None:
         floor = along(torch.where(pos, -math.inf, one * -h.log_dual), r, seg)
-        cq = torch.where(cq < floor, floor, cq)
+        cq = torch.where(cq < floor, floor, cq) if exact else cq.clamp(min=floor)
     return sgn, q, cq
 
 
@@ -302,7 +348,7 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
     sums = RowSums(cq_rows, n_rows, log_w_rows, kl_rows)
     totals = clip = None
     if across is not None:  # every sum before the exponential
-        clip = clip_signs(r, q, cq, mf, seg)
+        clip = clip_signs(r, q, cq, mf, seg, dual=h.log_dual is not None)
         sums = RowSums(sums.cq, sums.n, sums.log_w, sums.kl, clip.cut_rows, clip.signed_rows)
         reduced, lo, hi, totals = all_rows(sums.present(), clip.lo, clip.hi, across)
         sums = sums.replaced(reduced)
@@ -323,13 +369,13 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
     per_seq, kl_sum = policy, None
     if em1 is not None and sums.kl is not None:
         per_seq = policy + h.beta * sums.kl / nf
-        kl_sum = sums.kl.detach().sum()
+        kl_sum = wide_sum(sums.kl.detach())
     if clip is None:  # after the policy term, as compiled code schedules it best
-        clip = clip_signs(r, q, cq, mf, seg)
+        clip = clip_signs(r, q, cq, mf, seg, dual=h.log_dual is not None)
     del r, q, cq  # no longer needed: the gradient's (B, T) temporaries can take their memory
     stats = clip_stats(clip, adv, n_exact, dual=h.log_dual is not None)
     rows_b = max(per_seq.shape[0], 1)
-    loss = per_seq.sum() / rows_b  # mean over rows; 0 when B = 0 (S4)
+    loss = wide_sum(per_seq) / rows_b  # mean over rows; 0 when B = 0 (S4)
     grad = None
     if with_grad:  # mf - |s| = passes
         grad = (mf - clip.cut) * to_tokens(policy.detach() / (nf * rows_b), seg)  # (B, T)
@@ -338,9 +384,16 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
     return Forward(loss, per_seq, log_coef, stats, kl_sum, grad, totals)
 
 
-def clip_signs(r: Tensor, q: Tensor, cq: Tensor, mf: Tensor, seg: Segments | None) -> Cuts:
-    """Where the trust region cut q (:class:`Cuts`). Shape: r, q, cq, mf (B, T) or (N,)."""
-    lo, hi = log_ratio_range(r.detach(), mf)  # first: fewer (B, T) tensors alive at once
-    s = torch.sign(cq.detach() - q.detach())  # (B, T)
+def clip_signs(
+    r: Tensor, q: Tensor, cq: Tensor, mf: Tensor, seg: Segments | None, dual: bool = True
+) -> Cuts:
+    """Where the trust region cut q (:class:`Cuts`). Without ``dual`` (no dual clip) ``s`` is
+    never positive: ``|s| = -s``, and the cut rows are the negated signed rows, one row sum fewer.
+    Shape: r, q, cq, mf (B, T) or (N,)."""
+    lo, hi = log_ratio_range(constant(r), mf)  # first: fewer (B, T) tensors alive at once
+    s = torch.sign(constant(cq) - constant(q))  # (B, T)
+    signed = row_sum(s, seg, exact=True)
+    if not dual:
+        return Cuts(-s, -signed, signed, lo, hi)
     a = s.abs()
-    return Cuts(a, row_sum(a, seg, exact=True), row_sum(s, seg, exact=True), lo, hi)
+    return Cuts(a, row_sum(a, seg, exact=True), signed, lo, hi)

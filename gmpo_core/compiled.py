@@ -15,6 +15,7 @@ which the compiler cannot generate code for, the same function runs uncompiled.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from collections.abc import Callable
@@ -60,8 +61,30 @@ def _serialized(
         b = b._replace(mask=b.mask.view(torch.uint8))
     if b.logp.device.type in UNCOMPILED:
         return _math.forward(b, h, with_grad, across)
-    with _LOCK:
+    with _LOCK, _every_size_dynamic():
         return compiled_forward()(b, h, with_grad, across)
+
+
+# The sources whose sizes are each dynamic on their own: the tensors of _math.forward's argument
+# ``b`` (the Batch), in Dynamo's naming of a compiled frame's arguments (``L['x']``, as
+# torch.compiler.config.dynamic_sources documents it).
+BATCH_SOURCES = r"L\['b'\]"
+
+
+def _every_size_dynamic() -> contextlib.AbstractContextManager[object]:
+    """Every size of the batch dynamic on its own, for the compilation that the call may start:
+    ``torch.compiler.config.dynamic_sources`` (public). ``dynamic=True`` alone sizes "by duck":
+    two sizes equal at the first call (a (4, 4) batch, B = T) become one symbol, and every later
+    call with B != T compiles again. The setting is read while Dynamo traces, so it is set for
+    the duration of the call (under :data:`_LOCK`); a compilation that another thread starts
+    meanwhile sees it too, and there it names no source (the pattern is anchored on ``b``, the
+    compiled function's argument) unless that function also has an argument ``b``, whose sizes
+    then compile dynamic. A torch without the setting: a no-op (duck sizing stays)."""
+    config = getattr(torch.compiler, "config", None)
+    if config is None or not hasattr(config, "dynamic_sources"):
+        return contextlib.nullcontext()
+    patch: contextlib.AbstractContextManager[object] = config.patch(dynamic_sources=BATCH_SOURCES)
+    return patch
 
 
 def worth_compiling(logp: Tensor, advantages: Tensor) -> bool:

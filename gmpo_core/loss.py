@@ -15,7 +15,7 @@ from torch import Tensor
 
 from gmpo_core import _across, _agree, _checks, _math, compiled
 from gmpo_core.metrics import ClipStats
-from gmpo_core.options import Impl, check_impl
+from gmpo_core.options import EPSILON, Impl, check_impl
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def gmpo_loss(
     advantages: Tensor,
     mask: Tensor,
     *,
-    epsilon: float = 0.4,
+    epsilon: float = EPSILON,
     epsilon_high: float | None = None,
     beta: float = 0.0,
     ref_logp: Tensor | None = None,

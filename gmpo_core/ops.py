@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gmpo_core import _checks, _counts, _math
+from gmpo_core import _checks, _counts, _math, _power
 from gmpo_core.metrics import ClipStats
-from gmpo_core.options import check_hyperparameters
+from gmpo_core.options import EPSILON, check_hyperparameters, check_power
 
 
 def _hyper(epsilon: float, epsilon_high: float | None, dual_clip: float | None) -> _math.Hyper:
@@ -52,7 +52,7 @@ def _log_ratio_rows(
 
 
 def clip_log_ratio(
-    log_ratio: Tensor, *, epsilon: float = 0.4, epsilon_high: float | None = None
+    log_ratio: Tensor, *, epsilon: float = EPSILON, epsilon_high: float | None = None
 ) -> Tensor:
     """Two-sided clip of log-ratios to ``[-epsilon, epsilon_high]``: ``clip(rho, e^-eps, e^eps_h)``.
 
@@ -73,7 +73,7 @@ def trust_region_log_ratio(
     log_ratio: Tensor,
     advantages: Tensor,
     *,
-    epsilon: float = 0.4,
+    epsilon: float = EPSILON,
     epsilon_high: float | None = None,
     dual_clip: float | None = None,
     cu_seqlens: Tensor | None = None,
@@ -120,6 +120,41 @@ def masked_geometric_mean(
     return _math.masked_mean(log_values, valid, n, seg)
 
 
+def masked_power_mean(
+    log_values: Tensor, mask: Tensor, p: float, *, cu_seqlens: Tensor | None = None
+) -> Tensor:
+    """Log of the power mean of ``exp(log_values)`` over each row's valid positions.
+
+    ``log M_p = (1/p) log(sum_t mask_t exp(p x_t) / n_i)`` for p != 0, and
+    ``sum_t mask_t x_t / n_i`` (:func:`masked_geometric_mean`) at p = 0: p = 1 is the log of the
+    arithmetic mean of the ratios, p -> 0 the geometric mean (GMPO), p = -1 the harmonic mean.
+    Non-decreasing in p and continuous at p = 0, where its slope is half the row's variance of
+    x. Computed without overflow at any p and without loss of digits near p = 0
+    (docs/semantics.md S17). An empty row gives 0 (M = 1). Values at masked positions never
+    matter, NaN and inf included; their gradient is 0.
+
+    ``p`` is a real number (int, float, a NumPy scalar) with ``|p| <= 1e18``; a tensor ``p``
+    is refused: it is a constant of the formula, whose branches (p = 0, its sign, tiny |p|)
+    are chosen in Python, and checking a tensor's value would read it to the host. Under
+    ``torch.compile`` a new p may recompile.
+
+    float32, bf16 and fp16 are computed in float32, float64 in float64 (S8); the result is in
+    that dtype, and the gradient reaches ``log_values`` in its own dtype.
+
+    Shape:
+        log_values: (B, T). mask: (B, T) bool or 0/1. Output: (B,). Packed, with
+        ``cu_seqlens`` (S + 1,): log_values and mask (N,), output (S,).
+    """
+    _checks.floating("log_values", log_values)
+    exponent = check_power(p)
+    dt = _math.compute_dtype(log_values.dtype)
+    _checks.check_devices("log_values", log_values, {"mask": mask})
+    seg = _segments(cu_seqlens, log_values, "log_values")
+    valid = _math.valid_tokens(_checks.check_mask(mask, log_values, "log_values"))
+    n = _math.row_sum(_math.as_float(valid, dt), seg)
+    return _power.log_power_mean(log_values.to(dt), valid, n, exponent, seg)
+
+
 def sequence_kl(
     logp: Tensor, ref_logp: Tensor, mask: Tensor, *, cu_seqlens: Tensor | None = None
 ) -> Tensor:
@@ -154,7 +189,7 @@ def clip_metrics(
     advantages: Tensor,
     mask: Tensor,
     *,
-    epsilon: float = 0.4,
+    epsilon: float = EPSILON,
     epsilon_high: float | None = None,
     dual_clip: float | None = None,
     cu_seqlens: Tensor | None = None,

@@ -9,6 +9,10 @@ import math
 from numbers import Real
 from typing import Literal
 
+#: the log-space clip of the paper (e^±0.4): the default ``epsilon`` of the loss, its building
+#: blocks, its reference and the adapters' configs
+EPSILON = 0.4
+
 Impl = Literal["plain", "compiled"]
 #: ``impl`` values of :func:`gmpo_core.gmpo_loss`; the first is the default.
 IMPLS: tuple[Impl, ...] = ("plain", "compiled")
@@ -17,11 +21,13 @@ IMPLS: tuple[Impl, ...] = ("plain", "compiled")
 def check_impl(impl: object, name: str = "impl") -> Impl:
     """``impl`` is one of :data:`IMPLS`; ``name`` is what the caller calls the option."""
     if impl not in IMPLS:
-        raise ValueError(
-            f"{name} must be 'plain' (the default) or 'compiled', got {impl!r} (0.1's 'eager' is "
-            "now 'plain'; its 'auto' is gone: the default path is plain PyTorch)"
-        )
+        raise ValueError(f"{name} must be 'plain' (the default) or 'compiled', got {impl!r}")
     return impl
+
+
+def upper(epsilon: float, epsilon_high: float | None) -> float:
+    """The upper clip bound: ``epsilon_high``, or ``epsilon`` where it is None."""
+    return epsilon if epsilon_high is None else epsilon_high
 
 
 def check_hyperparameters(
@@ -34,7 +40,8 @@ def check_hyperparameters(
     """Validate the clip range; return ``(eps_low, eps_high, log_dual_clip)``. ``names`` are
     what the caller calls the three options (an adapter's field names)."""
     eps_low = positive_finite(names[0], epsilon)
-    eps_high = eps_low if epsilon_high is None else positive_finite(names[1], epsilon_high)
+    high = None if epsilon_high is None else positive_finite(names[1], epsilon_high)
+    eps_high = upper(eps_low, high)
     log_dual = None
     if dual_clip is not None:
         cap = as_float(dual_clip)
@@ -54,6 +61,24 @@ def check_beta(beta: object, has_ref_logp: bool) -> float:
         raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
     if value != 0 and not has_ref_logp:
         raise ValueError(f"beta={beta} needs ref_logp (the reference policy's log-probs), got None")
+    return value
+
+
+#: The largest |p| a power mean takes (docs/semantics.md S17). Its gradient is scaled by 1/p
+#: and then by p, with 1/(p n) in between: at 3e38 even a row of one token takes that
+#: below float32's normal range (1.2e-38); at 1e18, a row of 8e19 tokens would.
+MAX_POWER = 1e18
+
+
+def check_power(p: object, name: str = "p") -> float:
+    """``p``, the exponent of a power mean, is a real number with ``|p| <= MAX_POWER``;
+    return it as a float. A tensor is refused (not a real number to Python)."""
+    value = as_float(p)
+    if value is None or not -MAX_POWER <= value <= MAX_POWER:
+        raise ValueError(
+            f"{name} must be a finite number with |{name}| <= {MAX_POWER:g} (the exponent of the "
+            f"power mean), got {p!r}"
+        )
     return value
 
 

@@ -22,16 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from gmpo_core.options import EPSILON, upper
+
 Float64Array = NDArray[np.float64]
 BoolArray = NDArray[np.bool_]
-
-VARIANTS: tuple[str, ...] = (
-    "token_clip",
-    "sequence_clip",
-    "no_clip",
-    "no_length_norm",
-    "grpo_arithmetic",
-)
 
 
 @dataclass(frozen=True)
@@ -61,15 +55,17 @@ def _as_float64(x: ArrayLike, name: str) -> Float64Array:
     return a.astype(np.float64)
 
 
-def _check_epsilons(epsilon: float, epsilon_high: float | None) -> tuple[float, float]:
-    eps_h = epsilon if epsilon_high is None else epsilon_high
+def check_epsilons(epsilon: float, epsilon_high: float | None) -> tuple[float, float]:
+    """``(epsilon, epsilon_high)`` as floats, ``epsilon_high`` None meaning ``epsilon``; each
+    finite and > 0."""
+    eps_h = upper(epsilon, epsilon_high)
     for name, value in (("epsilon", epsilon), ("epsilon_high", eps_h)):
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"{name} must be finite and > 0, got {value}")
     return float(epsilon), float(eps_h)
 
 
-def _check_inputs(
+def check_inputs(
     logp: ArrayLike, old_logp: ArrayLike | None, advantages: ArrayLike, mask: ArrayLike
 ) -> tuple[Float64Array, Float64Array, Float64Array, BoolArray]:
     """Convert and shape-check the four main inputs.
@@ -91,7 +87,7 @@ def _check_inputs(
     return lp, olp, adv, valid
 
 
-def _masked_log_ratio(lp: Float64Array, olp: Float64Array, valid: BoolArray) -> Float64Array:
+def masked_log_ratio(lp: Float64Array, olp: Float64Array, valid: BoolArray) -> Float64Array:
     """r = logp − old_logp at valid positions, 0 elsewhere (selected before subtracting).
 
     Shape:
@@ -101,7 +97,7 @@ def _masked_log_ratio(lp: Float64Array, olp: Float64Array, valid: BoolArray) -> 
         return np.where(valid, lp, 0.0) - np.where(valid, olp, 0.0)
 
 
-def _trust_region(
+def trust_region(
     r: Float64Array, adv: Float64Array, eps_l: float, eps_h: float, dual_clip: float | None
 ) -> tuple[Float64Array, BoolArray, BoolArray, BoolArray]:
     """Per-token one-sided log-space clip (docs/semantics.md S1) and where each bound took effect.
@@ -134,7 +130,7 @@ def gmpo_loss(
     advantages: ArrayLike,
     mask: ArrayLike,
     *,
-    epsilon: float = 0.4,
+    epsilon: float = EPSILON,
     epsilon_high: float | None = None,
     beta: float = 0.0,
     ref_logp: ArrayLike | None = None,
@@ -193,12 +189,12 @@ def gmpo_loss(
             result.loss, result.per_sequence_loss, result.log_coef, grad, result.metrics,
             result.stats,
         )  # fmt: skip
-    eps_l, eps_h = _check_epsilons(epsilon, epsilon_high)
+    eps_l, eps_h = check_epsilons(epsilon, epsilon_high)
     if not (math.isfinite(beta) and beta >= 0):
         raise ValueError(f"beta must be finite and >= 0, got {beta}")
     if dual_clip is not None and not dual_clip > 1:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
-    lp, olp, adv, valid = _check_inputs(logp, old_logp, advantages, mask)
+    lp, olp, adv, valid = check_inputs(logp, old_logp, advantages, mask)
     batch, length = lp.shape
 
     ref = None if ref_logp is None else _as_float64(ref_logp, "ref_logp")
@@ -225,8 +221,8 @@ def gmpo_loss(
     n = valid.sum(axis=1).astype(np.float64)  # (B,)
     n1 = np.maximum(n, 1.0)  # (B,)
     active = (adv != 0) & (n > 0)  # (B,) rows that carry a policy term
-    r = _masked_log_ratio(lp, olp, valid)  # (B, T)
-    c, clipped_low, clipped_high, clipped_dual = _trust_region(r, adv, eps_l, eps_h, dual_clip)
+    r = masked_log_ratio(lp, olp, valid)  # (B, T)
+    c, clipped_low, clipped_high, clipped_dual = trust_region(r, adv, eps_l, eps_h, dual_clip)
 
     with np.errstate(invalid="ignore", over="ignore"):
         log_coef = np.where(valid, c, 0.0).sum(axis=1) / n1  # (B,)
@@ -310,59 +306,69 @@ def _segment_positions(
     return rows, cols
 
 
-# --------------------------------------------------------------------------- ablations
+# --------------------------------------------------------------------------- power means
 
 
-def variant_loss(
-    logp: ArrayLike,
-    old_logp: ArrayLike | None,
-    advantages: ArrayLike,
-    mask: ArrayLike,
-    *,
-    variant: str,
-    epsilon: float = 0.4,
-    epsilon_high: float | None = None,
-) -> float:
-    """Loss value of the paper's ablations (Sec. 4), with s_i = Σ_t valid·r_t / max(n_i, 1).
-
-    - "token_clip": GMPO itself, ``gmpo_loss(...).loss``.
-    - "sequence_clip": −A_i·exp(l_i), l_i = min(s_i, ε_h) if A_i ≥ 0 else max(s_i, −ε_l).
-    - "no_clip": −A_i·exp(s_i).
-    - "no_length_norm": −A_i·exp(Σ_t valid·c_t) (product of clipped ratios, no n-th root).
-    - "grpo_arithmetic": GRPO with ratio-space bounds, ρ = exp(r):
-      −Σ_t valid·min(ρ_t·A_i, clip(ρ_t, 1−ε_l, 1+ε_h)·A_i) / max(n_i, 1).
-    Rows with n_i = 0 or A_i = 0 contribute exactly 0; the loss is the mean over all B rows.
+@dataclass(frozen=True)
+class PowerMeanResult:
+    """Output of :func:`masked_power_mean`.
 
     Shape:
-        logp, old_logp, mask: (B, T); advantages: (B,).
+        value: (B,); grad: (B, T).
     """
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; valid names: {', '.join(VARIANTS)}")
-    if variant == "token_clip":
-        return gmpo_loss(
-            logp, old_logp, advantages, mask, epsilon=epsilon, epsilon_high=epsilon_high
-        ).loss
-    eps_l, eps_h = _check_epsilons(epsilon, epsilon_high)
-    lp, olp, adv, valid = _check_inputs(logp, old_logp, advantages, mask)
-    n = valid.sum(axis=1).astype(np.float64)  # (B,)
-    n1 = np.maximum(n, 1.0)  # (B,)
-    r = _masked_log_ratio(lp, olp, valid)  # (B, T)
 
-    with np.errstate(invalid="ignore", over="ignore"):
-        if variant == "grpo_arithmetic":
-            rho = np.exp(r)  # (B, T)
-            a = adv[:, None]  # (B, 1)
-            o = np.minimum(rho * a, np.clip(rho, 1.0 - eps_l, 1.0 + eps_h) * a)  # (B, T)
-            row = -np.where(valid, o, 0.0).sum(axis=1) / n1  # (B,)
+    value: Float64Array
+    grad: Float64Array
+
+
+# below this |p|·max|x − mean|, the cumulant series (its next term is under 1e-13·max|x − mean|)
+_CUMULANT_SERIES_BELOW = 1e-3
+
+
+def masked_power_mean(log_values: ArrayLike, mask: ArrayLike, p: float) -> PowerMeanResult:
+    """Log of the power mean of exp(x) over each row's valid positions (docs/semantics.md S17)
+    and its gradient.
+
+    value_i = (1/p)·log( Σ_t valid·exp(p·x_t) / n_i ) for p ≠ 0, Σ_t valid·x_t / n_i at p = 0,
+    0 for an empty row. With μ the row's mean and d_t = x_t − μ it is computed as
+
+    - μ + p·κ₂/2 + p²·κ₃/6 + p³·κ₄/24 where |p|·max|d| ≤ 1e-3: the cumulant series of
+      log mean exp(p·d) (κ₂ = m₂, κ₃ = m₃, κ₄ = m₄ − 3m₂², m_k the central moments), divided
+      by p; it converges for |p|·max|d| < π/2;
+    - μ + (max(p·d) + log mean exp(p·d − max(p·d))) / p elsewhere.
+
+    grad_t = ∂value_i/∂x_t = exp(p·x_t) / Σ_s valid·exp(p·x_s) at valid tokens (1/n_i at p = 0),
+    0 elsewhere.
+
+    Shape:
+        log_values, mask: (B, T) -> value (B,), grad (B, T).
+    """
+    x = _as_float64(log_values, "log_values")
+    if x.ndim != 2:
+        raise ValueError(f"log_values must have shape (B, T), got {x.shape}")
+    valid = _as_float64(mask, "mask") != 0
+    if valid.shape != x.shape:
+        raise ValueError(f"mask must have the shape of log_values {x.shape}, got {valid.shape}")
+    p = float(p)
+    if not math.isfinite(p):
+        raise ValueError(f"p must be finite, got {p}")
+    x = np.where(valid, x, 0.0)  # masked values never enter the arithmetic
+    value = np.zeros(x.shape[0])
+    grad = np.zeros(x.shape)
+    for i in range(x.shape[0]):
+        v = x[i][valid[i]]
+        if v.size == 0:
+            continue
+        mu = math.fsum(v) / v.size
+        d = v - mu
+        z = p * d
+        w = np.exp(z - z.max())
+        grad[i][valid[i]] = w / w.sum()
+        if p == 0:
+            value[i] = mu
+        elif abs(p) * np.abs(d).max() <= _CUMULANT_SERIES_BELOW:
+            m2, m3, m4 = (float(np.mean(d**k)) for k in (2, 3, 4))
+            value[i] = mu + p * m2 / 2 + p**2 * m3 / 6 + p**3 * (m4 - 3 * m2**2) / 24
         else:
-            if variant == "no_length_norm":
-                c = _trust_region(r, adv, eps_l, eps_h, None)[0]  # (B, T)
-                log_coef = np.where(valid, c, 0.0).sum(axis=1)  # (B,)
-            else:
-                s = r.sum(axis=1) / n1  # (B,); r is 0 at invalid positions
-                if variant == "sequence_clip":
-                    s = np.where(adv >= 0, np.minimum(s, eps_h), np.maximum(s, -eps_l))
-                log_coef = s
-            row = -adv * np.exp(log_coef)  # (B,)
-        row = np.where((adv != 0) & (n > 0), row, 0.0)
-    return float(np.mean(row))
+            value[i] = mu + (z.max() + math.log(float(np.mean(np.exp(z - z.max()))))) / p
+    return PowerMeanResult(value, grad)

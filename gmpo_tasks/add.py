@@ -7,35 +7,26 @@ significant first too (so that the carry into each digit comes from digits alrea
 Exact match gives reward 1.0, anything else 0.0. No answer token is a prompt token at a fixed
 offset: each is a function of two prompt digits and the carry from the digits before it.
 
-(docs/study_plan.md first wrote the numbers most significant digit first. With that prompt no
-calibration setting reached the plan's clean reward of 0.9 on every calibration seed, at 8, 6
-or 4 digits; the plan's amendment, committed before any confirmatory run, writes the operands
-in the answer's order, so that the digits a sum digit depends on sit at fixed offsets from it.)
-
-Its supervised warm start is :mod:`gmpo_tasks.reverse`'s: noisy demonstrations (each target digit
-replaced, with probability ``noise``, by a uniformly drawn digit) and the same loop
-(``gmpo_tasks.warm_start``). Its settings, :data:`WARM` and :data:`NOISE`, were fixed by the
-calibration rule of docs/study_plan.md on the calibration seeds only (``python -m
-studies.stability.calibrate``; results/study-confirm/calibration.md).
-
-Strings and the standard library only: the plain-torch study (``studies/stability``) reads it
-with ``gmpo_tasks.chars.VOCAB``.
+Its supervised warm start is every task's: noisy demonstrations (each target digit replaced,
+with probability ``noise``, by a uniformly drawn digit). Its settings (4 digits, noise 0.15, a
+1600-step warm start) come from the calibration rule of docs/study_plan.md on the calibration
+seeds only (``python -m studies.stability.calibrate``; results/study-confirm/calibration.md).
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from gmpo_tasks.chars import DIGITS, PLUS, SEP
-from gmpo_tasks.warm_start import NoisyDemonstrations, WarmStart
+from gmpo_tasks.task import Task
+from gmpo_tasks.warm_start import WarmStart
 
-#: the study's setting of the task, from the calibration (docs/study_plan.md's rule; the numbers in
-#: results/study-confirm/calibration.md): 4-digit numbers (a 5-digit answer), the warm start's
-#: 1600 supervised steps (the first count at which a clean warm start reached 0.9 on every
-#: calibration seed) and noise 0.15 (mean warm-start reward 0.204, the closest to 0.22)
+#: the calibrated setting (results/study-confirm/calibration.md): 4-digit numbers (a 5-digit
+#: answer), 1600 supervised steps (the first count at which a clean warm start reached 0.9 on
+#: every calibration seed) and noise 0.15 (mean warm-start reward 0.204, the closest to 0.22)
 LENGTH = 4
 NOISE = 0.15
 WARM = WarmStart(steps=1600)
@@ -59,17 +50,16 @@ def reward(prompts: Sequence[str], completions: Sequence[str], **_: Any) -> list
 
 
 @dataclass(frozen=True)
-class AddTask(NoisyDemonstrations):
-    """The task's settings; each method is a pure function of its arguments and ``seed``.
-
-    ``length``: digits per number (L; the answer has L + 1). ``noise``: the probability that a
-    demonstration's target digit is replaced by a uniformly drawn digit."""
+class AddTask(Task):
+    """Add two numbers of ``length`` digits, least significant digit first."""
 
     length: int = LENGTH
     noise: float = NOISE
+    warm: WarmStart = field(default=WARM)
 
-    demo_tag = "add"  # the demonstrations' random stream
-    target = staticmethod(target)
+    name: ClassVar[str] = "add"
+    about: ClassVar[str] = "add two 4-digit numbers (least significant digit first), exact match"
+    quick_length: ClassVar[int] = 3
 
     @property
     def prompt_length(self) -> int:
@@ -91,6 +81,12 @@ class AddTask(NoisyDemonstrations):
             out.append(a + PLUS + b + SEP)
         return out
 
+    def target(self, prompt: str) -> str:
+        return target(prompt)
+
     def reward(self, prompts: Sequence[str], completions: Sequence[str], **kw: Any) -> list[float]:
         """:func:`reward` (TRL's signature)."""
         return reward(prompts, completions, **kw)
+
+
+TASK = AddTask()

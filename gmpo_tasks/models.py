@@ -16,9 +16,11 @@ def qwen2_model(
     layers: int = 2,
     max_len: int = 64,
     heads: int = 4,
+    tied: bool = True,
 ) -> Any:
     """A randomly initialized Qwen2-style causal LM sized for CPU tests (about 30k parameters).
-    ``heads`` attention heads (half as many key/value heads, at least 1)."""
+    ``heads`` attention heads (half as many key/value heads, at least 1); the output layer tied
+    to the embeddings (``tied``) or its own."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -30,7 +32,7 @@ def qwen2_model(
         num_attention_heads=heads,
         num_key_value_heads=max(heads // 2, 1),
         max_position_embeddings=max_len,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tied,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,

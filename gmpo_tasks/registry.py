@@ -1,18 +1,36 @@
-"""The built-in tasks: the one list that ``gmpo --task``, its checks and help, and the tests read.
+"""The tasks: the one list that ``gmpo --task``, its checks and help, the stability study and the
+tests read.
 
-To add a task, write its module (a :class:`gmpo_tasks.task.Task` named ``TASK``) and add it here;
-the first entry is the default."""
+To add a task, write its module (a :class:`gmpo_tasks.task.Task` subclass and its instance
+``TASK``) and add one line here; the first entry is ``gmpo``'s default."""
 
 from __future__ import annotations
 
-from gmpo_tasks import reverse, successor
+import importlib.util
+
+from gmpo_tasks import add, chain_sum, countdown, reverse, spell_backward, successor
 from gmpo_tasks.task import Task
 
-TASKS: dict[str, Task] = {t.name: t for t in (successor.TASK, reverse.TASK)}
+#: the reasoning-gym tasks (chain_sum, countdown, spell_backward) need the gym extra
+_ALL = (successor.TASK, reverse.TASK, add.TASK, chain_sum.TASK, countdown.TASK, spell_backward.TASK)
+TASKS: dict[str, Task] = {t.name: t for t in _ALL}
 
 
-def get_task(name: str) -> Task:
-    """The task called ``name``; a ValueError names the choices."""
-    if name not in TASKS:
+def get_task(name: object) -> Task:
+    """The task called ``name``, its extra installed; a ValueError of one line names the choices
+    or the extra to install."""
+    if not isinstance(name, str) or name not in TASKS:
         raise ValueError(f"--task must be one of {', '.join(TASKS)}, got {name!r}")
+    check_available(TASKS[name])
     return TASKS[name]
+
+
+def check_available(task: Task) -> None:
+    """A ValueError of one line naming the extra to install where ``task.requires`` is not
+    importable (found without importing it)."""
+    if task.requires is None or importlib.util.find_spec(task.requires) is not None:
+        return
+    raise ValueError(
+        f"the {task.name} task needs {task.requires.replace('_', '-')}, which is not "
+        f"installed: pip install 'gmpo[{task.extra or task.requires}]'"
+    )

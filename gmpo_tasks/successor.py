@@ -2,30 +2,30 @@
 
 The prompt is a digit ``d`` followed by ``=``; the completion is correct when its first character
 is the digit ``(d + 1) % 10``. A random policy over the vocabulary is right about 1 time in 20,
-so the reward starts near 0.05; with :func:`toy_args` GMPO takes the mean of the last ten of 150
+so the reward starts near 0.05; with ``toy_args`` (``gmpo_tasks.task.toy_args``) GMPO takes the mean of the last ten of 150
 steps above 0.8 in seconds on a CPU (``tests/trl/test_training.py``). The model is a tiny
-Qwen2-style one (:func:`gmpo_tasks.models.qwen2_model`) with random weights.
+Qwen2-style one (:func:`gmpo_tasks.models.qwen2_model`) with random weights: no warm start.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from gmpo_tasks.chars import DIGITS, SEP, char_tokenizer
-from gmpo_tasks.models import qwen2_model
-from gmpo_tasks.task import Task
+from gmpo_tasks.chars import DIGITS, SEP
+from gmpo_tasks.task import Task, toy_args
 
 
 def successor_dataset(n: int = 256, *, seed: int = 0) -> Any:
     """``n`` prompts ``"d="`` with ``d`` uniform over the digits (a ``datasets.Dataset``)."""
     from datasets import Dataset
 
-    rng = random.Random(seed)
-    return Dataset.from_dict({"prompt": [f"{rng.choice(DIGITS)}{SEP}" for _ in range(n)]})
+    return Dataset.from_dict({"prompt": TASK.prompts(n, seed=seed)})
 
 
-def successor_reward(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+def successor_reward(prompts: Sequence[str], completions: Sequence[str], **_: Any) -> list[float]:
     """1.0 when the completion starts with the successor of the prompt's digit, else 0.0."""
     out = []
     for prompt, completion in zip(prompts, completions, strict=True):
@@ -34,52 +34,59 @@ def successor_reward(prompts: list[str], completions: list[str], **_: Any) -> li
     return out
 
 
-def toy_args(output_dir: str, **overrides: Any) -> dict[str, Any]:
-    """``GMPOConfig`` / ``GRPOConfig`` keyword arguments of the default toy run: CPU, float32
-    (GRPOConfig defaults to bf16), no reporting, no checkpoints; 150 steps take seconds.
+@dataclass(frozen=True)
+class SuccessorTask(Task):
+    """The successor of one digit: a one-token answer, a random model, the toy run."""
 
-    With these defaults GMPO takes the successor task's mean reward from below 0.2 to above 0.8
-    (means of the first and last ten steps; ``tests/trl/test_training.py`` asserts both)."""
-    args: dict[str, Any] = dict(
-        output_dir=output_dir,
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-        per_device_train_batch_size=64,
-        num_generations=8,
-        max_completion_length=1,
-        temperature=1.0,
-        learning_rate=5e-3,
-        lr_scheduler_type="constant",
-        max_steps=150,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        disable_tqdm=True,
-    )
-    args.update(overrides)
-    return args
+    name: ClassVar[str] = "successor"
+    about: ClassVar[str] = "the toy run"
+    quick_length: ClassVar[int] = 1
+    hidden_size: ClassVar[int] = 32
+    vllm_heads: ClassVar[int] = 1
+
+    @property
+    def prompt_length(self) -> int:
+        return 2
+
+    @property
+    def answer_length(self) -> int:
+        return 1
+
+    def prompts(self, n: int, *, seed: int | str) -> list[str]:
+        """``n`` prompts ``"d="`` with ``d`` uniform over the digits."""
+        rng = random.Random(seed)
+        return [f"{rng.choice(DIGITS)}{SEP}" for _ in range(n)]
+
+    def target(self, prompt: str) -> str:
+        return str((int(prompt[0]) + 1) % 10)
+
+    def reward(self, prompts: Sequence[str], completions: Sequence[str], **kw: Any) -> list[float]:
+        return successor_reward(prompts, completions, **kw)
+
+    def lengths(self) -> tuple[int, int, int] | None:
+        """None: the rotary model bounds no completion length."""
+        return None
+
+    def dataset(self, seed: int, n: int = 256) -> Any:
+        return successor_dataset(n, seed=seed)
+
+    def model(self, seed: int, heads: int | None = None) -> tuple[Any, Any]:
+        """``(model, tokenizer)``: the tiny Qwen2-style model (``heads`` attention heads, 4 by
+        default) with random weights, and the character tokenizer."""
+        from gmpo_tasks.models import qwen2_model
+
+        tokenizer = self.tokenizer()
+        model = qwen2_model(tokenizer, seed=seed, heads=self.heads if heads is None else heads)
+        return model, tokenizer
+
+    def trainer_args(self, output_dir: str, **overrides: Any) -> dict[str, Any]:
+        """The toy's arguments with two optimizer steps per generation and two passes over each
+        batch, so that updates are off-policy, the trust region acts and the log-ratio plot
+        shows something (on-policy, r = 0)."""
+        return toy_args(output_dir, **{"num_iterations": 2, "steps_per_generation": 2, **overrides})
+
+    def setting(self) -> str:
+        return ""  # the toy run's setting is --help's closing paragraph
 
 
-def model(seed: int, heads: int = 4) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` of a seed: the tiny Qwen2-style model (``heads`` attention heads)
-    and the character tokenizer."""
-    tokenizer = char_tokenizer()
-    return qwen2_model(tokenizer, seed=seed, heads=heads), tokenizer
-
-
-def run_args(output_dir: str) -> dict[str, Any]:
-    """The built-in run's arguments: the toy's, with two optimizer steps per generation and two
-    passes over each batch, so that updates are off-policy, the trust region acts and the
-    log-ratio plot shows something (on-policy, r = 0)."""
-    return toy_args(output_dir, num_iterations=2, steps_per_generation=2)
-
-
-TASK = Task(
-    name="successor",
-    about="the toy run",
-    dataset=lambda seed: successor_dataset(seed=seed),
-    reward=successor_reward,
-    model=model,
-    trainer_args=run_args,
-)
+TASK = SuccessorTask()

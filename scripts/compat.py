@@ -5,8 +5,8 @@ throwaway virtual environment, each running the test paths the Makefile names.
 ``pip install`` of the given requirements and this checkout, without ``constraints.txt``; with
 ``--uninstall`` and ``--no-deps``, as ``make vllm`` builds its environment: the requirements, then
 ``pip uninstall`` of the named packages, then the checkout without its dependencies), runs
-pytest on the given paths, writes ``DIR/NAME.json`` (versions, counts, skip reasons, times, the
-environment's size) and removes the environment (``--keep`` keeps it; the log stays).
+``pip check`` and pytest on the given paths, writes ``DIR/NAME.json`` (versions, what ``pip
+check`` says, counts, skip reasons, times, the environment's size, the CPU and the load) and removes the environment (``--keep`` keeps it; the log stays).
 It exits 0 whatever the tests did; an interpreter that does not exist or an install that fails
 is recorded as a failure of the environment. ``compat.py report DIR/*.json`` writes
 ``results/compat/compat.md`` and exits 1 when a blocking environment did not pass. Standard library only:
@@ -42,6 +42,29 @@ _VERSIONS = (
     "        pass\n"
     "print(json.dumps(out))\n"
 )
+
+
+#: the CPU flags the vLLM job's results depend on (docs/vllm.md: which weights vLLM packs)
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
+def _machine() -> dict[str, object]:
+    """The CPU's model and which of :data:`CPU_FLAGS` it has, and the 1-minute load average."""
+    model, flags = platform.processor() or "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:
+        pass
+    try:
+        load: float | None = round(os.getloadavg()[0], 2)
+    except OSError:
+        load = None
+    return {"cpu": model, "cpu_flags": [f for f in CPU_FLAGS if f in flags], "load_at_start": load}
 
 
 def _run(cmd: list[str], log: Path, **kwargs: object) -> int:
@@ -103,6 +126,7 @@ def build_and_test(args: argparse.Namespace) -> int:
         "versions": {},
         "status": "install failed",
         "rc": None,
+        **_machine(),
     }
     start = time.monotonic()
     python = shutil.which(args.python) or (args.python if Path(args.python).exists() else None)
@@ -126,6 +150,8 @@ def build_and_test(args: argparse.Namespace) -> int:
         if ok:
             versions = subprocess.run([py, "-c", _VERSIONS], capture_output=True, text=True)
             record["versions"] = json.loads(versions.stdout or "{}")
+            check = subprocess.run([py, "-m", "pip", "check"], capture_output=True, text=True)
+            record["pip_check"] = check.stdout.strip().splitlines()
             xml = out_dir / f"{args.name}.xml"
             xml.unlink(missing_ok=True)
             test_start = time.monotonic()
@@ -200,6 +226,12 @@ def report(args: argparse.Namespace) -> int:
             f"- tests: `{r['tests']}`",
             f"- disk: {r.get('disk_mb', '-')} MB",
         ]
+        if "cpu" in r:
+            flags = ", ".join(r["cpu_flags"]) or "none"
+            lines.append(f"- machine: {r['cpu']} (of {', '.join(CPU_FLAGS)}: {flags}); load "
+                         f"average {r['load_at_start']} as the install started")  # fmt: skip
+        for line in r.get("pip_check", []):
+            lines.append(f"- `pip check`: {line}")
         for name in r.get("failed_tests", []):
             lines.append(f"- failed: `{name}`")
         for reason, count in sorted(r.get("skip_reasons", {}).items()):

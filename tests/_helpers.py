@@ -133,3 +133,22 @@ def random_inputs(
         "advantages": torch.randn(b, generator=g, dtype=dtype),
         "mask": torch.rand(b, t, generator=g) > 0.2,
     }
+
+
+def loss_inputs(
+    b: int, t: int, seed: int = 0, dtype: torch.dtype = torch.float32
+) -> dict[str, Any]:
+    """gmpo_loss inputs of (b, t) in ``dtype``: random log-probs and drift, an empty first row, an
+    A = 0 last row; ``logp`` a leaf that requires grad."""
+    g = torch.Generator().manual_seed(seed)
+    logp = -torch.rand(b, t, generator=g).to(dtype)
+    mask = torch.rand(b, t, generator=g) > 0.2
+    mask[0] = False  # an empty row
+    adv = torch.randn(b, generator=g)
+    adv[-1] = 0.0  # an A = 0 row
+    return {
+        "logp": logp.requires_grad_(),
+        "old_logp": (logp.detach().float() + 0.5 * torch.randn(b, t, generator=g)).to(dtype),
+        "advantages": adv,
+        "mask": mask,
+    }

@@ -8,6 +8,7 @@ proving that the tests run). Select with ``HYPOTHESIS_PROFILE=ci``.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -41,3 +42,12 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 def impl(request: pytest.FixtureRequest) -> str:
     """Every property runs against both paths: plain (the default) and compiled."""
     return str(request.param)
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One intra-op thread for the test (tiny models: a second thread only spin-waits)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

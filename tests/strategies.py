@@ -85,6 +85,32 @@ def batches(
     return Batch(logp, old_logp, advantages, mask, kwargs)
 
 
+# exponents of the power mean: the issue's seven, then any in [-4, 4] (masked_power_mean)
+POWERS = (-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0)
+powers = st.one_of(st.sampled_from(POWERS), st.floats(-4, 4, **F32))
+
+
+@st.composite
+def log_value_rows(
+    draw: st.DrawFn, *, max_b: int = 5, max_t: int = 12, bound: float = 80.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, mask)`` for the power mean: float32 log-values (B, T) within ``[-bound, bound]``,
+    each batch around a drawn centre with a drawn spread (0: every value equal; up to the whole
+    range, the bounds themselves included), and a bool mask with empty rows and holes."""
+    b = draw(st.integers(1, max_b))
+    t = draw(st.integers(1, max_t))
+    lengths = np.array(draw(st.lists(st.integers(0, t), min_size=b, max_size=b)))
+    mask = np.arange(t)[None, :] < lengths[:, None]
+    if draw(st.booleans()):
+        mask &= ~draw(arrays(np.bool_, (b, t)))
+    centre = draw(st.one_of(st.floats(-bound, bound, **F32), st.sampled_from([0.0, bound])))
+    spread = draw(st.sampled_from([0.0, 1e-3, 0.5, 5.0, bound, 2 * bound]))
+    unit = st.one_of(st.floats(-1, 1, **F32), st.sampled_from([-1.0, 1.0]))
+    offsets = draw(arrays(np.float64, (b, t), elements=unit))
+    x = np.clip(centre + spread * offsets, -bound, bound).astype(np.float32)
+    return x, mask
+
+
 def garbage() -> st.SearchStrategy[float]:
     """Values that must never matter at masked positions."""
     return st.sampled_from([float("nan"), float("inf"), -float("inf"), 1e30, -1e30, 3e38])

@@ -14,7 +14,6 @@ advantages are not all zero on a random model.
 from __future__ import annotations
 
 import os
-import random
 import re
 import shlex
 import shutil
@@ -23,6 +22,10 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from gmpo_tasks.chars import char_tokenizer
+from gmpo_tasks.models import qwen2_model
+from gmpo_tasks.successor import TASK as SUCCESSOR
 
 REPO = Path(__file__).resolve().parents[1]
 SUPPORT_MODULE = "verl_cpu.cpu_support"
@@ -54,58 +57,32 @@ GMPO_METRICS = (
 
 
 def build_tokenizer(path: Path) -> Any:
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {tok: i for i, tok in enumerate((*SPECIALS, *CHARS))}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        pad_token="<pad>",
-        eos_token="<|im_end|>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
-        padding_side="left",
-    )
+    """gmpo_tasks' character tokenizer with a chat template's special tokens."""
+    tok = char_tokenizer(alphabet=CHARS, specials=SPECIALS, eos="<|im_end|>")
     tok.chat_template = CHAT_TEMPLATE
     tok.save_pretrained(path)
     return tok
 
 
 def build_model(path: Path, tokenizer: Any) -> None:
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(path)
+    """gmpo_tasks' tiny Qwen2-style model (its own output layer), random weights of seed 0."""
+    qwen2_model(tokenizer, seed=0, tied=False).save_pretrained(path)
 
 
 def build_data(path: Path, n: int = 32, seed: int = 0) -> None:
+    """``n`` of the successor task's prompts as verl's chat rows, its answer the ground truth."""
     import pandas as pd
 
-    rng = random.Random(seed)
-    rows = []
-    for i in range(n):
-        d = rng.randrange(10)
-        rows.append(
-            {
-                "data_source": "successor",
-                "prompt": [{"role": "user", "content": f"{d}="}],
-                "ability": "toy",
-                "reward_model": {"style": "rule", "ground_truth": str((d + 1) % 10)},
-                "extra_info": {"index": i},
-            }
-        )
+    rows = [
+        {
+            "data_source": "successor",
+            "prompt": [{"role": "user", "content": prompt}],
+            "ability": "toy",
+            "reward_model": {"style": "rule", "ground_truth": SUCCESSOR.target(prompt)},
+            "extra_info": {"index": i},
+        }
+        for i, prompt in enumerate(SUCCESSOR.prompts(n, seed=seed))
+    ]
     pd.DataFrame(rows).to_parquet(path)
 
 

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from trl import GRPOConfig
 
-from gmpo_core.options import IMPLS, check_beta, check_hyperparameters, check_impl
-from gmpo_tasks.variants import resolve
+from gmpo_core.options import IMPLS, check_beta
+from gmpo_kit import HostOptions
 from gmpo_trl.fields import GMPO_FIELDS, OTHER_LOSS_FIELDS
+from gmpo_variants import Variant, resolve
 
 RECIPES = "docs/recipes.md"
 
-# gmpo_loss's epsilon, epsilon_high and dual_clip, as GMPOConfig calls them
-_NAMES = ("epsilon", "epsilon_high", "delta")
+#: TRL as a host: GMPOConfig's name for gmpo_loss's dual_clip, one advantage per sequence
+HOST = HostOptions(host="GMPOTrainer", dual_clip="delta", impl="gmpo_impl", mask="completion_mask")
 
 
 def _option(name: str) -> Any:
@@ -51,9 +53,9 @@ class GMPOConfig(GRPOConfig):
     - ``gmpo_lm_head`` (default True): tokens are scored by :func:`gmpo_core.token_logprobs`
       instead of TRL's chunked LM head, for every scoring pass; where it does not apply (a logit
       soft-cap, extra kernel outputs) TRL's head is used and a warning says so once.
-    - ``loss_variant`` (default None): a loss of ``gmpo_tasks.variants`` (a ``METHODS`` name or
-      ``module:function``, resolved by ``gmpo_tasks.variants.resolve``) in place of
-      ``gmpo_core.gmpo_loss``; :func:`check_variant` refuses what it would drop.
+    - ``loss_variant`` (default None): a loss variant (a name of ``gmpo_variants.VARIANTS`` or
+      ``module:function``) in place of ``gmpo_core.gmpo_loss``; :func:`check_variant` refuses
+      what it would drop. It is resolved once (:func:`loss_variant`).
     """
 
     epsilon: float = _option("epsilon")
@@ -68,6 +70,47 @@ class GMPOConfig(GRPOConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_config(self)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # a field set after the check: GMPOTrainer checks the config again (CHECKED)
+        self.__dict__.pop(CHECKED, None)
+        super().__setattr__(name, value)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (``training_args.bin``) without the resolved variant (its name is a field) or
+        the record of the check (an unpickled config is checked again)."""
+        state = dict(self.__dict__)
+        state.pop(_RESOLVED, None)
+        state.pop(CHECKED, None)
+        return state
+
+
+_RESOLVED = "_resolved_variant"
+#: the record :func:`check_config` leaves on the config it passed, ``(its loss variant,)``
+#: (:func:`loss_variant`); setting any attribute of a ``GMPOConfig`` afterwards removes it, so
+#: ``GMPOTrainer`` checks a config changed since its construction again, and an unchanged one
+#: not a second time
+CHECKED = "_checked"
+
+
+def loss_variant(args: GRPOConfig) -> Variant | None:
+    """``args.loss_variant`` resolved (``gmpo_variants.resolve``), once per name: the config
+    keeps it, so the trainer, ``gmpo compare`` and its plots read the same object.
+
+    Raises:
+        ValueError: one line, naming ``loss_variant``.
+    """
+    name = getattr(args, "loss_variant", None)
+    if name is None:
+        return None
+    cached = args.__dict__.get(_RESOLVED)
+    if cached is None or cached[0] != name:
+        try:
+            cached = (name, resolve(name))
+        except ValueError as err:
+            raise ValueError(f"loss_variant: {err}") from None
+        args.__dict__[_RESOLVED] = cached
+    return cached[1]  # type: ignore[no-any-return]
 
 
 def check_config(args: GRPOConfig) -> None:
@@ -101,18 +144,25 @@ def check_config(args: GRPOConfig) -> None:
                 f"change nothing under GMPO; remove it (see {RECIPES} for GMPO's variants)."
             )
     # gmpo_core's own rules, under this config's field names
-    check_hyperparameters(args.epsilon, args.epsilon_high, args.delta, names=_NAMES)
+    HOST.check(args.epsilon, args.epsilon_high, args.delta)
     # beta's own rule (finite, >= 0); its reference log-probs come from the reference model that
     # GRPOTrainer builds whenever beta != 0
     check_beta(args.beta, has_ref_logp=True)
-    check_impl(getattr(args, "gmpo_impl", IMPLS[0]), name="gmpo_impl")
+    HOST.check_impl(getattr(args, "gmpo_impl", None))
     check_variant(args)
+    args.__dict__[CHECKED] = (loss_variant(args),)
 
 
-def check_variant(args: GRPOConfig) -> None:
+def check_variant(args: GRPOConfig, explicit: Collection[str] = ()) -> None:
     """``loss_variant``: a loss that resolves, and none of the settings it would silently drop.
 
-    A variant maps ``(logp, old_logp, advantages, mask)`` to ``(loss, clipped fraction)``: its
+    ``explicit``: the names of the options the user set (the command line's, which knows them
+    from parsing). An option the variant replaces (its clip range, ``gmpo_impl``) is refused
+    when it is set at all, whatever its value; without ``explicit`` (a config built in Python), when
+    its value is not the default.
+
+    A variant maps ``(logp, old_logp, advantages, mask)`` to the loss, or to ``(loss, clipped
+    fraction)`` (``gmpo_variants.registry.SIGNATURE``): its
     clip range is its own (``epsilon``, ``epsilon_high``, ``delta``), and it has no KL term
     (``beta``), no importance weights (vLLM's correction) and no ``gmpo_impl``. The masks
     (entropy, off-policy, tool) reach it as its ``mask``; the host terms (entropy bonus, MoE aux
@@ -121,23 +171,21 @@ def check_variant(args: GRPOConfig) -> None:
     Raises:
         ValueError: one line, naming the variant or the field that conflicts with it.
     """
-    name = getattr(args, "loss_variant", None)
-    if name is None:
+    if loss_variant(args) is None:
         return
-    try:
-        resolve(name)
-    except ValueError as err:
-        raise ValueError(f"loss_variant: {err}") from err
+    name = args.loss_variant
     clip = "the variant's clip is its own; remove it"
+
+    def replaced(field_name: str, default: Any) -> bool:
+        """A field the variant replaces is set: the user set it, or it is not its default."""
+        return field_name in explicit or getattr(args, field_name) != default
+
     conflicts = {  # field -> (whether it is set, why it does not apply and what to do)
-        "epsilon": (args.epsilon != GMPO_FIELDS["epsilon"].default, clip),
-        "epsilon_high": (args.epsilon_high is not None, clip),
-        "delta": (args.delta is not None, clip),
+        "epsilon": (replaced("epsilon", GMPO_FIELDS["epsilon"].default), clip),
+        "epsilon_high": (replaced("epsilon_high", None), clip),
+        "delta": (replaced("delta", None), clip),
         "beta": (args.beta != 0.0, "a variant has no KL term; set beta=0"),
-        "gmpo_impl": (
-            getattr(args, "gmpo_impl", IMPLS[0]) != IMPLS[0],
-            "the variant is its own code; remove it",
-        ),
+        "gmpo_impl": (replaced("gmpo_impl", IMPLS[0]), "the variant is its own code; remove it"),
         "vllm_importance_sampling_correction": (
             bool(args.use_vllm and args.vllm_importance_sampling_correction),
             "a variant takes no importance weights; set it to False with use_vllm",

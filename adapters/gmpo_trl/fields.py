@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from gmpo_core.options import EPSILON
+
 Tag = Literal["honoured", "rejected", "irrelevant"]
 
 _H: Tag = "honoured"
@@ -163,7 +165,7 @@ class Option:
 #: it without importing TRL). The impl names are ``gmpo_core.options.IMPLS``.
 GMPO_FIELDS: dict[str, Option] = {
     "epsilon": Option(
-        0.4,
+        EPSILON,
         "Lower clip in log space: the token ratio's lower bound is exp(-epsilon). "
         "GMPO recommends 0.4.",
     ),
@@ -194,9 +196,9 @@ GMPO_FIELDS: dict[str, Option] = {
     ),
     "loss_variant": Option(
         None,
-        "A loss variant in place of gmpo_core's loss: a name of gmpo_tasks.variants.METHODS "
-        "(e.g. 'gmpo_narrow') or module:function, (logp, old_logp, advantages, mask) -> (loss, "
-        "clipped fraction). Its clip is its own, so epsilon, epsilon_high, delta, beta, "
+        "A loss variant in place of gmpo_core's loss: a name of gmpo_variants.VARIANTS "
+        "(e.g. 'gmpo_narrow') or module:function, (logp, old_logp, advantages, mask) -> loss or "
+        "(loss, clipped fraction). Its clip is its own, so epsilon, epsilon_high, delta, beta, "
         "gmpo_impl and vLLM's importance-sampling correction are refused with it. Also "
         "--variant. None: GMPO.",
         added=True,

@@ -12,7 +12,6 @@ processes. Everything else (generation, rewards, advantages, vLLM, saving) is GR
 from __future__ import annotations
 
 import os
-import pickle
 import warnings
 from typing import Any, ClassVar
 
@@ -21,19 +20,19 @@ from torch import Tensor
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
-from gmpo_core import gmpo_loss, sequence_kl
-from gmpo_core import metrics as gmpo_metrics
-from gmpo_tasks.variants import Method, resolve
-from gmpo_trl import variant, vllm_cpu
+from gmpo_kit import MetricStates, add_core_stats, core_metrics, gmpo_loss_with_kl, read
+from gmpo_trl import resume, variant, vllm_cpu
 from gmpo_trl.compat import check_compute_loss, check_liger, forward_keys
-from gmpo_trl.config import GMPOConfig, check_config
+from gmpo_trl.config import CHECKED, HOST, GMPOConfig, check_config
 from gmpo_trl.head_swap import lm_head_swapped
+from gmpo_variants import Variant
 
 FORWARD_KEYS = forward_keys()
-#: the part of a GMPOTrainer checkpoint that GRPOTrainer's own files do not hold, one per process
-RESUME_STATE = "gmpo_trainer_state_{}.pt"
+RESUME_STATE = resume.RESUME_STATE
 # the adaptive entropy controller's window mean, read with the metrics (not logged)
 _WORLD_ENTROPY = "_world_entropy"
+# the token counts of the entropy and KL metrics (states, not logged)
+_ENTROPY_TOKENS, _KL_TOKENS = "entropy/tokens", "kl/tokens"
 
 
 class GMPOTrainer(GRPOTrainer):
@@ -70,14 +69,15 @@ class GMPOTrainer(GRPOTrainer):
                 f"{type(args).__name__}: build a GMPOConfig with the same arguments "
                 "(epsilon is a log-space bound there, as in trl.experimental.gmpo)"
             )
-        check_config(args)  # again: fields may have been changed after construction
+        checked = vars(args).get(CHECKED)
+        if checked is None:  # a field was set after construction (or the config was unpickled)
+            check_config(args)
+            checked = vars(args)[CHECKED]
         check_liger(args.use_liger_kernel)
         check_compute_loss()
         vllm_cpu.prepare(model, args)  # use_vllm: checks and the CPU workaround, before the engine
         super().__init__(model, reward_funcs, args=args, **kwargs)
-        self._variant: Method | None = (
-            None if args.loss_variant is None else resolve(args.loss_variant)
-        )
+        self._variant: Variant | None = checked[0]  # loss_variant(args), resolved by the check
 
     # ------------------------------------------------------------------------------------------
     # checkpoints: what GRPOTrainer's own files leave out
@@ -86,10 +86,11 @@ class GMPOTrainer(GRPOTrainer):
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         """GRPOTrainer's checkpoint (weights, optimizer, scheduler, RNG states, trainer state and
         the entropy controller's ``entropy_ctrl_state.json``), plus, per process,
-        :data:`RESUME_STATE`: the micro-batch counter ``_step``, the accumulation window's
-        entropy sums, and the buffered rollouts when the checkpoint falls inside a generation's
-        buffer (``steps_per_generation * num_iterations`` micro-batches), which GRPOTrainer
-        would otherwise regenerate from new samples on resuming."""
+        :data:`RESUME_STATE` (:mod:`gmpo_trl.resume`, written atomically): the micro-batch
+        counter ``_step``, the accumulation window's entropy sums, the buffered rollouts when
+        the checkpoint falls inside a generation's buffer (``steps_per_generation *
+        num_iterations`` micro-batches), which GRPOTrainer would otherwise regenerate from new
+        samples on resuming, and the number of processes."""
         super()._save_checkpoint(model, trial)
         folder = os.path.join(
             self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
@@ -102,22 +103,24 @@ class GMPOTrainer(GRPOTrainer):
             "steps_per_generation": self.args.steps_per_generation,
             "entropy_window_stats": self._entropy_window_stats,
             "buffered_inputs": self._buffered_inputs if self._step % every else None,
+            "world_size": self.accelerator.num_processes,
         }
-        torch.save(state, os.path.join(folder, RESUME_STATE.format(self.accelerator.process_index)))
+        resume.save(folder, self.accelerator.process_index, state)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
-        """GRPOTrainer's (which restores the entropy controller), then :data:`RESUME_STATE`."""
+        """GRPOTrainer's (which restores the entropy controller), then :data:`RESUME_STATE`,
+        where every process can restore its own (:func:`gmpo_trl.resume.agree`; else each
+        resumes as GRPOTrainer does, with a warning)."""
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
-        path = os.path.join(checkpoint, RESUME_STATE.format(self.accelerator.process_index))
-        if not os.path.isfile(path):  # a checkpoint of GRPOTrainer, or of an older gmpo_trl
-            return
-        try:
-            state = torch.load(path, map_location=self.accelerator.device, weights_only=True)
-        except (pickle.UnpicklingError, RuntimeError) as err:  # a buffer torch will not load
-            warnings.warn(f"gmpo_trl: {path} not restored ({err}); resuming as GRPOTrainer does "
-                          "(rollouts regenerated at the next step)", stacklevel=2)  # fmt: skip
+        acc = self.accelerator
+        rank, world = acc.process_index, acc.num_processes
+        state, why = resume.read(checkpoint, rank, world, acc.device)
+        restore, warning = resume.agree(state, why, rank, acc.gather, acc.device)
+        if warning is not None:
+            warnings.warn(warning, stacklevel=2)
+        if not restore:
             return
         self._step = state["step"]
         self._entropy_window_stats = state["entropy_window_stats"]
@@ -161,14 +164,7 @@ class GMPOTrainer(GRPOTrainer):
         )  # logps, entropies: (B, T)
 
         mask = completion_tokens(inputs)  # (B, T) the host's valid tokens
-        advantages = inputs["advantages"]
-        if advantages.dim() == 2 and advantages.shape[1] == 1:
-            advantages = advantages.squeeze(1)
-        if advantages.dim() != 1:
-            raise ValueError(
-                "GMPOTrainer needs one advantage per sequence, shape (B,); got "
-                f"{tuple(advantages.shape)}"
-            )
+        advantages = HOST.advantages(inputs["advantages"], mask)  # (B,)
         old_logps = inputs.get("old_per_token_logps")  # None: on-policy (logps.detach())
 
         # the tokens the policy term reads: minus low-entropy tokens, minus off-policy rows
@@ -194,41 +190,40 @@ class GMPOTrainer(GRPOTrainer):
         if self.use_vllm and self.vllm_importance_sampling_correction:
             is_weights = inputs["importance_sampling_ratio"]  # (B, T) token modes, (B, 1) sequence
 
-        # The KL keeps every host token, as in GRPOTrainer: when the policy term reads fewer
-        # (entropy or off-policy mask), the KL is gmpo_core's sequence_kl over the host mask.
         beta = float(self.beta)
         ref_logps = inputs.get("ref_per_token_logps") if beta != 0.0 else None
         if beta != 0.0 and ref_logps is None:
             raise ValueError("beta != 0 needs inputs['ref_per_token_logps'] (the reference model)")
+        states = MetricStates()  # what the metrics are made of, reduced across processes
         if self._variant is not None:  # loss_variant: its function in gmpo_loss's place
             loss, clipped, stats = variant.variant_loss(
                 self._variant, logps, old_logps, advantages, policy_mask
             )
+            variant.add_states(states, stats, clipped)
         else:
-            kl_apart = beta != 0.0 and (entropy_mask is not None or off_policy)
-            out = gmpo_loss(
+            # The KL keeps every host token, as in GRPOTrainer: when the policy term reads fewer
+            # (entropy or off-policy mask), the KL is over the host mask.
+            step = gmpo_loss_with_kl(
                 logps,
                 old_logps,
                 advantages,
                 policy_mask,
+                kl_mask=mask if entropy_mask is not None or off_policy else None,
+                beta=beta,
+                ref_logp=ref_logps,
+                is_weights=is_weights,
                 epsilon=self.epsilon_low,
                 epsilon_high=self.epsilon_high,
-                beta=0.0 if kl_apart else beta,
-                ref_logp=None if kl_apart else ref_logps,
-                is_weights=is_weights,
                 dual_clip=self.args.delta,
                 impl=self.args.gmpo_impl,
             )
-            loss = out.loss
-            kl_sum, kl_count = out.kl_sum, out.stats.num_tokens
-            if kl_apart:
-                kl_mask = mask
-                if is_weights is not None and is_weights.shape == mask.shape:
-                    kl_mask = mask & (is_weights != 0)  # token_mask mode: those tokens left
-                kl_rows = sequence_kl(logps, ref_logps, kl_mask)  # (B,)
-                loss = (out.per_sequence_loss + beta * kl_rows).mean()
-                n_kl = kl_mask.sum(-1)  # (B,)
-                kl_sum, kl_count = (kl_rows.detach() * n_kl).sum(), n_kl.sum()
+            loss = step.loss
+            add_core_stats(states, step.out.stats)
+            if step.kl_sum is not None:
+                states.sum("kl", step.kl_sum)
+                states.sum(_KL_TOKENS, step.kl_tokens)
+        states.sum("entropy", torch.where(mask, entropies.detach().to(torch.float64), 0).sum())
+        states.sum(_ENTROPY_TOKENS, mask.sum())
         policy_loss = loss.detach()
         loss = loss / accumulation
 
@@ -246,19 +241,39 @@ class GMPOTrainer(GRPOTrainer):
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
             pending["aux_loss"] = self.accelerator.gather_for_metrics(aux_loss).mean()
 
-        if self._variant is not None:
-            sums, minima = variant.local_metrics(stats, clipped, entropies, mask)
-            host = self._log_variant_metrics(sums, minima, mode, pending)
-        else:
-            host = self._log_gmpo_metrics(out, entropies, mask, kl_sum, kl_count, mode, pending)
+        values = self._metric_values(states)
+        host = read({**values, **pending})  # the one sync
         metrics = self._metrics[mode]
+        for key in values:
+            metrics[key].append(host[key])
         if world_entropy is not None:
-            self._update_entropy_coef(host.pop(_WORLD_ENTROPY))
-        for key, value in host.items():
-            metrics[key].append(value)
+            self._update_entropy_coef(host[_WORLD_ENTROPY])
+        for key in pending:
+            if key != _WORLD_ENTROPY:
+                metrics[key].append(host[key])
         if self._entropy_bonus_enabled and mode == "train" and self.accelerator.sync_gradients:
             metrics["entropy_coef"].append(self.entropy_coef)
         return loss
+
+    def _metric_values(self, states: MetricStates) -> dict[str, Tensor]:
+        """The logged metrics from ``states`` reduced exactly across processes (two
+        collectives): sums summed, extrema the min of mins (maxima negated); the core's
+        ``clip_ratio/*`` and ``log_ratio/*`` (the variant's own with ``loss_variant``), the
+        entropy over the host's tokens and, with ``beta``, the KL over its own (NaN where there
+        is no token)."""
+        acc = self.accelerator
+        reduced = states.reduce(
+            sum=lambda t: acc.reduce(t, reduction="sum"),
+            min=lambda t: acc.gather(t.unsqueeze(0)).amin(0),
+        )
+        if self._variant is not None:
+            values = variant.metrics(reduced)
+        else:
+            values = core_metrics(reduced, dual=self.args.delta is not None)
+        values["entropy"] = reduced.fraction("entropy", _ENTROPY_TOKENS)
+        if "kl" in reduced:
+            values["kl"] = reduced.fraction("kl", _KL_TOKENS)
+        return values
 
     # ------------------------------------------------------------------------------------------
     # host terms that are not GMPO
@@ -298,75 +313,6 @@ class GMPOTrainer(GRPOTrainer):
         else:
             self.entropy_coef = max(self.entropy_coef - step, self.args.entropy_coef_min)
         self._last_world_entropy = world
-
-    # ------------------------------------------------------------------------------------------
-    # metrics
-    # ------------------------------------------------------------------------------------------
-
-    def _log_gmpo_metrics(
-        self,
-        out: Any,
-        entropies: Tensor,
-        mask: Tensor,
-        kl_sum: Tensor | None,
-        kl_count: Tensor,
-        mode: str,
-        pending: dict[str, Tensor],
-    ) -> dict[str, float]:
-        """Global metrics from per-process sums and extrema (``gmpo_core.metrics``): two
-        collectives, one host sync. Fractions are sums over sums; the extrema are the min of
-        mins (maxima negated). The 0-d tensors in ``pending`` (already reduced) are read in the
-        same sync and returned as floats, for the caller to log or use."""
-        f64 = torch.float64
-        sums = torch.cat(
-            [
-                gmpo_metrics.sums(out.stats),
-                torch.stack(
-                    [
-                        torch.where(mask, entropies.detach().to(f64), 0).sum(),
-                        mask.sum().to(f64),
-                        kl_sum.detach().to(f64)
-                        if kl_sum is not None
-                        else mask.new_zeros((), dtype=f64),
-                        torch.as_tensor(kl_count, device=mask.device).to(f64),
-                    ]
-                ),
-            ]
-        )
-        sums = self.accelerator.reduce(sums, reduction="sum")
-        minima = gmpo_metrics.minima(out.stats).float()
-        minima = self.accelerator.gather(minima.unsqueeze(0)).amin(0)  # (4,)
-        dual = out.stats.num_clipped_dual is not None
-        values = gmpo_metrics.metrics(sums[:5], minima, dual)
-        ent, n_ent, kl, n_kl = sums[5:]
-        nan = torch.full_like(ent, float("nan"))
-        values["entropy"] = torch.where(n_ent > 0, ent / n_ent.clamp(min=1), nan)
-        if self.beta != 0.0:
-            values["kl"] = torch.where(n_kl > 0, kl / n_kl.clamp(min=1), nan)
-        return self._read_metrics(values, pending, mode)
-
-    def _log_variant_metrics(
-        self, sums: Tensor, minima: Tensor, mode: str, pending: dict[str, Tensor]
-    ) -> dict[str, float]:
-        """:meth:`_log_gmpo_metrics` for ``loss_variant``: ``gmpo_trl.variant.local_metrics``'
-        sums and minima, reduced across processes, then read in one sync."""
-        sums = self.accelerator.reduce(sums, reduction="sum")
-        minima = self.accelerator.gather(minima.unsqueeze(0)).amin(0)
-        return self._read_metrics(variant.metrics(sums, minima), pending, mode)
-
-    def _read_metrics(
-        self, values: dict[str, Tensor], pending: dict[str, Tensor], mode: str
-    ) -> dict[str, float]:
-        """Read ``values`` and ``pending`` (0-d tensors) in one host sync; log ``values``,
-        return ``pending`` as floats."""
-        f64 = torch.float64
-        tensors = [*values.values(), *pending.values()]
-        read = torch.stack([v.to(f64).reshape(()) for v in tensors]).tolist()  # the one sync
-        host = dict(zip([*values, *pending], read, strict=True))
-        m = self._metrics[mode]
-        for key in values:
-            m[key].append(host[key])
-        return {key: host[key] for key in pending}
 
 
 def completion_tokens(inputs: dict[str, Any]) -> Tensor:

@@ -1,7 +1,7 @@
 """``GMPOConfig.loss_variant`` in ``GMPOTrainer``'s loss step: the variant's call, and its
-metrics' per-process parts, which the trainer reduces across processes. No loss math here: the
-variant is ``gmpo_tasks.variants``' (or the user's ``module:function``), the statistics are
-``gmpo_core.clip_metrics``'."""
+metrics' states (:class:`gmpo_kit.MetricStates`), which the trainer reduces across processes.
+No loss math here: the variant is ``gmpo_variants``' (or the user's ``module:function``), the
+statistics are ``gmpo_core.clip_metrics``'."""
 
 from __future__ import annotations
 
@@ -9,68 +9,48 @@ import torch
 from torch import Tensor
 
 from gmpo_core import ClipStats, clip_metrics
-from gmpo_tasks.variants import Method
+from gmpo_kit import MetricStates, Reduced
+from gmpo_variants import Variant
 
 #: a loss variant's clipped fraction, apart from the core's ``clip_ratio/*``
 VARIANT_CLIP = "variant/clip_ratio"
+# the tokens the clipped fraction is over (a state, not logged)
+_TOKENS = "variant/tokens"
 
 
 def variant_loss(
-    method: Method, logps: Tensor, old_logps: Tensor | None, advantages: Tensor, mask: Tensor
+    variant: Variant, logps: Tensor, old_logps: Tensor | None, advantages: Tensor, mask: Tensor
 ) -> tuple[Tensor, Tensor, ClipStats]:
     """A loss variant's ``(loss, clipped fraction)`` on the policy term's tokens ``mask`` (old
-    log-probs ``logps.detach()`` on-policy), and the log-ratio's statistics for the metrics
-    (its range and token count are read).
+    log-probs ``logps.detach()`` on-policy; the fraction NaN, unknown, where the variant returns
+    the loss alone), and the log-ratio's statistics for the metrics (its range and token count
+    are read).
 
     Shape:
         logps, old_logps, mask: (B, T). advantages: (B,). Output: (), (), ClipStats.
     """
     old = logps.detach() if old_logps is None else old_logps
-    result = method.loss(logps, old, advantages, mask)
-    if not (
-        isinstance(result, tuple)
-        and len(result) == 2
-        and all(isinstance(t, Tensor) and t.dim() == 0 for t in result)
-    ):
-        raise TypeError(
-            f"loss variant {method.label!r} must return (loss, clipped fraction), two 0-d "
-            f"tensors; got {type(result).__name__}"
-        )
+    loss, clipped = variant(logps, old, advantages, mask)
     stats = clip_metrics(logps.detach() - old.detach(), advantages, mask)
-    return result[0], result[1], stats
+    return loss, clipped, stats
 
 
-def local_metrics(
-    stats: ClipStats, clipped: Tensor, entropies: Tensor, mask: Tensor
-) -> tuple[Tensor, Tensor]:
-    """What is summed across processes, ``[clipped tokens, tokens, entropy sum, entropy
-    tokens]`` (float64: the clipped fraction ``clipped`` weighted by ``stats.num_tokens``, the
-    entropy over ``mask``), and what is min-reduced, ``[log_ratio_min, -log_ratio_max]``.
-
-    Shape:
-        entropies, mask: (B, T). Output: (4,), (2,).
-    """
-    f64 = torch.float64
-    n = stats.num_tokens.to(f64)
-    sums = torch.stack(
-        [
-            torch.where(n > 0, clipped.detach().to(f64) * n, 0),
-            n,
-            torch.where(mask, entropies.detach().to(f64), 0).sum(),
-            mask.sum().to(f64),
-        ]
-    )
-    return sums, torch.stack([stats.log_ratio_min, -stats.log_ratio_max]).float()
+def add_states(states: MetricStates, stats: ClipStats, clipped: Tensor) -> None:
+    """What the metrics are made of: the clipped fraction ``clipped`` weighted by
+    ``stats.num_tokens`` and that count (summed across processes), and the log-ratio's range."""
+    n = stats.num_tokens.to(torch.float64)
+    states.sum(VARIANT_CLIP, torch.where(n > 0, clipped.detach().to(torch.float64) * n, 0))
+    states.sum(_TOKENS, n)
+    states.min("log_ratio/min", stats.log_ratio_min)
+    states.max("log_ratio/max", stats.log_ratio_max)
 
 
-def metrics(sums: Tensor, minima: Tensor) -> dict[str, Tensor]:
-    """The metrics from reduced :func:`local_metrics`: :data:`VARIANT_CLIP`, ``log_ratio/min``,
-    ``log_ratio/max`` and ``entropy``, NaN where there is no token."""
-    nan = torch.full_like(sums[0], float("nan"))
-    lo, neg_hi = minima.unbind()
+def metrics(reduced: Reduced) -> dict[str, Tensor]:
+    """The metrics from reduced :func:`add_states`: :data:`VARIANT_CLIP` (a token mean over
+    processes), ``log_ratio/min`` and ``log_ratio/max``, NaN where there is no token."""
+    lo, hi = reduced["log_ratio/min"], reduced["log_ratio/max"]
     return {
-        VARIANT_CLIP: torch.where(sums[1] > 0, sums[0] / sums[1].clamp(min=1), nan),
-        "log_ratio/min": torch.where(lo.isfinite(), lo, nan),
-        "log_ratio/max": torch.where(neg_hi.isfinite(), -neg_hi, nan),
-        "entropy": torch.where(sums[3] > 0, sums[2] / sums[3].clamp(min=1), nan),
+        VARIANT_CLIP: reduced.fraction(VARIANT_CLIP, _TOKENS),
+        "log_ratio/min": torch.where(lo.isfinite(), lo, float("nan")),
+        "log_ratio/max": torch.where(hi.isfinite(), hi, float("nan")),
     }

@@ -25,7 +25,6 @@ No GMPO math lives here: the trust region, the geometric mean and the rollout we
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,7 +35,17 @@ import torch
 from torch import Tensor
 
 from gmpo_core import gmpo_loss
-from gmpo_core.options import IMPLS, Impl, check_hyperparameters, check_impl, positive_finite
+from gmpo_core.options import Impl, positive_finite
+from gmpo_kit import (
+    SPREAD,
+    HostOptions,
+    MetricStates,
+    add_core_stats,
+    core_metrics,
+    read,
+    spread_values,
+    varies_within_rows,
+)
 
 logger = logging.getLogger("gmpo_verl")
 
@@ -47,10 +56,17 @@ SUM_MODES = ("token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm")  # ve
 #: reject unknown keys): ``plain`` (default) or ``compiled``. verl's own
 #: ``actor.use_torch_compile`` does not turn gmpo's compiled path on.
 IMPL_ENV = "GMPO_VERL_IMPL"
-# gmpo_loss's epsilon, epsilon_high and dual_clip, as verl's actor config calls them
-_NAMES = ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c")
-# relative tolerance above which per-token advantages are said to vary within a row
-_ADV_SPREAD_RTOL = 1e-5
+#: verl as a host: its actor config's names for gmpo_loss's options, advantages per token
+HOST = HostOptions(
+    host="gmpo_verl",
+    epsilon="clip_ratio_low",
+    epsilon_high="clip_ratio_high",
+    dual_clip="clip_ratio_c",
+    impl=IMPL_ENV,
+    mask="response_mask",
+    token_advantages=True,
+)
+_TOKENS = "tokens"  # the micro-batch's response tokens (a metric state)
 
 _notified: set[str] = set()
 
@@ -194,27 +210,7 @@ def _dual_clip(config: Any) -> object:
 
 def _impl() -> Impl:
     """gmpo_core's path from ``GMPO_VERL_IMPL`` (unset or empty: the default)."""
-    return check_impl(os.environ.get(IMPL_ENV) or IMPLS[0], name=IMPL_ENV)
-
-
-def sequence_advantages(advantages: Tensor, valid: Tensor, n: Tensor) -> Tensor:
-    """verl's (B, T) advantages reduced to one per sequence: their mean over the row's valid tokens.
-
-    Outcome estimators (GRPO, RLOO, REINFORCE++, ...) broadcast one value over the row, so the mean
-    is that value. If they vary within a row (GAE), the mean is used and a warning is logged once.
-    A row without valid tokens gets 0. A (B,) tensor is returned as is.
-
-    Shape:
-        advantages: (B, T) or (B,). valid: (B, T) bool. n: (B,) int. Output: (B,).
-    """
-    if advantages.dim() == 1:
-        return advantages
-    if advantages.shape != valid.shape:
-        raise ValueError(
-            f"advantages must have the shape of response_mask {tuple(valid.shape)} (or be (B,)), "
-            f"got {tuple(advantages.shape)}"
-        )
-    return torch.where(valid, advantages, 0).sum(-1) / n.clamp(min=1).to(advantages.dtype)
+    return HOST.check_impl(os.environ.get(IMPL_ENV) or None)
 
 
 PolicyLossFn = Callable[..., tuple[Tensor, dict[str, float]]]
@@ -288,13 +284,14 @@ def _policy_loss(
     eps_low, eps_high = clip_bounds(config)
     cap = _dual_clip(config) if dual_clip else None
     # gmpo_core's own rules, under verl's names (gmpo_loss checks them again under its own)
-    check_hyperparameters(eps_low, eps_high, cap, names=_NAMES)
+    HOST.check(eps_low, eps_high, cap)
     dual = None if cap is None else float(cap)  # type: ignore[arg-type]
     batch = global_batch(config, mode, log_prob.shape[0])
 
     valid = response_mask if response_mask.dtype == torch.bool else response_mask != 0  # (B, T)
     n = valid.sum(-1)  # (B,)
-    adv = sequence_advantages(advantages, valid, n)  # (B,)
+    states = MetricStates()  # what the metrics are made of (no reduction: verl averages them)
+    adv = HOST.advantages(advantages, valid, n, states)  # (B,)
     out = gmpo_loss(
         log_prob, old_log_prob, adv, valid, epsilon=eps_low, epsilon_high=eps_high,
         is_weights=rollout_is_weights, dual_clip=dual, impl=_impl(),
@@ -305,7 +302,7 @@ def _policy_loss(
         loss = per_seq.sum() * batch.scale
     else:  # token-mean: each sequence weighted by its number of response tokens
         loss = (per_seq * n.to(per_seq.dtype)).sum() * batch.scale
-    metrics, local_tokens = _metrics(out, old_log_prob, log_prob, advantages, adv, valid, dual_clip)
+    metrics, local_tokens = _metrics(states, out, old_log_prob, log_prob, valid, dual_clip)
     if mode == "token-mean" and batch.denominator < local_tokens:
         raise ValueError(
             f"config.global_batch_info['batch_num_tokens'] = {batch.denominator} is smaller than "
@@ -316,11 +313,10 @@ def _policy_loss(
 
 
 def _metrics(
+    states: MetricStates,
     out: Any,
     old_log_prob: Tensor,
     log_prob: Tensor,
-    advantages: Tensor,
-    adv: Tensor,
     valid: Tensor,
     dual_clip: bool,
 ) -> tuple[dict[str, float], int]:
@@ -331,45 +327,31 @@ def _metrics(
     effect); ``actor/pg_clipfrac_lower``: A < 0 and r < -eps_low; ``actor/ppo_kl``: mean of
     ``old_log_prob - log_prob`` over valid tokens; ``actor/log_ratio_min/max``: range of the
     unclipped log-ratio (0 when the micro-batch has no valid token); ``actor/pg_clipfrac_dual``
-    (dual clip only): A < 0 and r > log(clip_ratio_c).
+    (dual clip only): A < 0 and r > log(clip_ratio_c). Each is a float32 value: the core's
+    fractions and extrema are made in the states' float32, ``actor/ppo_kl`` is rounded to it.
     """
-    m = out.metrics
     r = torch.where(valid, log_prob.detach().float() - old_log_prob.float(), 0)  # (B, T)
-    tokens = valid.sum()
-    count = tokens.clamp(min=1)
-    spread = scale = r.new_zeros(())
-    if advantages.dim() == 2 and advantages.numel() > 0:  # the advantages' range within rows
-        a = advantages.detach()
-        spread = torch.where(valid, (a - adv.detach()[:, None]).abs(), 0).amax()
-        scale = torch.where(valid, a.abs(), 0).amax()
-    values = [
-        m["clip_ratio/high_mean"],
-        m["clip_ratio/low_mean"],
-        -r.sum() / count,
-        torch.nan_to_num(m["log_ratio/min"], nan=0.0),
-        torch.nan_to_num(m["log_ratio/max"], nan=0.0),
-        spread.float(),
-        scale.float(),
-        tokens.float(),
-    ]
-    if dual_clip:
-        values.append(m["clip_ratio/dual_mean"])
-    host = torch.stack([v.float().reshape(()) for v in values]).tolist()
-    metrics = {
-        "actor/pg_clipfrac": host[0],
-        "actor/pg_clipfrac_lower": host[1],
-        "actor/ppo_kl": host[2],
-        "actor/log_ratio_min": host[3],
-        "actor/log_ratio_max": host[4],
+    add_core_stats(states, out.stats)
+    states.sum("ppo_kl", -r.sum())
+    states.sum(_TOKENS, valid.sum())
+    reduced = states.reduce()
+    m = core_metrics(reduced, dual_clip)
+    values = {
+        "actor/pg_clipfrac": m["clip_ratio/high_mean"],
+        "actor/pg_clipfrac_lower": m["clip_ratio/low_mean"],
+        "actor/ppo_kl": reduced.fraction("ppo_kl", _TOKENS, empty=0.0).float(),
+        "actor/log_ratio_min": torch.nan_to_num(m["log_ratio/min"], nan=0.0),
+        "actor/log_ratio_max": torch.nan_to_num(m["log_ratio/max"], nan=0.0),
     }
     if dual_clip:
-        metrics["actor/pg_clipfrac_dual"] = host[8]
-    if not math.isfinite(host[5]) or host[5] > _ADV_SPREAD_RTOL * (1.0 + host[6]):
+        values["actor/pg_clipfrac_dual"] = m["clip_ratio/dual_mean"]
+    host = read({**values, **spread_values(reduced), _TOKENS: reduced[_TOKENS]})
+    if varies_within_rows(host):
         _once(
             "advantage-spread",
             "gmpo_verl: advantages vary within a sequence (max deviation from the row mean %.3g); "
             "GMPO uses one advantage per sequence, the mean over the row's response tokens. Use "
             "a sequence-level estimator (algorithm.adv_estimator=grpo, rloo, ...).",
-            host[5],
+            host[SPREAD],
         )
-    return metrics, int(host[7])
+    return {key: host[key] for key in values}, int(host[_TOKENS])

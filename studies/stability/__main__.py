@@ -1,66 +1,54 @@
-"""GRPO against GMPO on a multi-token task: how often does training collapse?
+"""GRPO against GMPO and the other variants on a task: how often does training collapse?
 
 Run from the repository root::
 
     python -m studies.stability --out runs/study         # the full sweep (docs/study.md)
-    python -m studies.stability --methods grpo_wide,gmpo --lr 5e-3 --seeds 0,1,2 \\
+    python -m studies.stability --variants grpo_wide,gmpo --lr 5e-3 --seeds 0,1,2 \\
         --steps 100 --out runs/mine                       # any subset
     python -m studies.stability --quick --out runs/quick  # a smoke run (CI), under a minute
 
-A tiny causal transformer (``model.py``) learns to reverse a string of 16 digits
-(``gmpo_tasks.reverse``): a supervised warm start on noisy demonstrations per seed
-(``gmpo_tasks.warm_start``), then RL from it with each method (``methods.py``: the variants of
-``gmpo_tasks.variants``) at each learning rate, without and with gradient clipping, on each seed
-(``run.py``). Writes to ``--out``: ``summary.json`` (one record per run), ``summary.md``
-(collapse counts, means ± std and medians, the sign tests: rules in ``gmpo_tasks.rules``, tables
-in ``report.py``), ``curves.jsonl`` (every run's per-step metrics), ``invocations.jsonl`` (the
-cost of each invocation), ``stability.png``, and the caches ``warm/`` and ``runs/`` (a rerun
-reuses a run whose :func:`run_key` is unchanged: the method's definition, learning rate, clip,
-seed, setup and the code it runs).
+A tiny causal transformer (``model.py``) learns a task of ``gmpo_tasks.registry.TASKS``
+(``--task``; by default ``reverse``, a string of 16 digits): a supervised warm start on noisy
+demonstrations per seed (``gmpo_tasks.warm_start``), then RL from it with each variant of
+``gmpo_variants.VARIANTS`` (or ``module:function``) at each learning rate, without and with
+gradient clipping, on each seed (``run.py``). Writes to ``--out``: ``summary.json`` (one record
+per run), ``summary.md`` (collapse counts, means ± std and medians, the sign tests: rules in
+``gmpo_stats``, tables in ``report.py``), ``curves.jsonl.gz`` (every run's per-step metrics),
+``invocations.jsonl`` (the cost of each invocation), ``stability.png``, and the caches ``warm/``
+and ``runs/`` (a rerun reuses a run whose key is unchanged: the variant's definition, learning
+rate, clip, seed, setup and the code it runs; ``sweep.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import math
-import multiprocessing
 import os
 import shlex
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, NoReturn
 
-from gmpo_tasks.rules import DROP, WINDOW, collapse, failed
-from studies.stability.methods import METHODS, fingerprint, resolve
+from gmpo_stats.outcome import DROP, WINDOW
+from gmpo_tasks.registry import TASKS, check_available
+from gmpo_variants import VARIANTS, resolve
 from studies.stability.plot import plot
 from studies.stability.report import tables
-from studies.stability.run import (
-    TASK_SETUPS,
-    TASKS,
-    Setup,
-    code_fingerprint,
-    init_worker,
-    run_job,
-    warm_job,
-)
+from studies.stability.run import Setup
+from studies.stability.sweep import _load, invocations, record, sweep, write_curves
 
 # the learning rates in run order: the stress point first, then outward (a sweep cut short has
-# whole learning rates, the most informative first)
-FULL = {"methods": ",".join(METHODS), "lr": "5e-3,2e-3,1e-2,1e-3", "grad_clip": "none,1.0",
-        "seeds": "0,1,2,3,4", "steps": 100}  # fmt: skip
-QUICK = {"methods": "grpo,gmpo", "lr": "5e-3", "grad_clip": "none", "seeds": "0,1", "steps": 6}
-QUICK_SETUP = {"length": 6, "warm_steps": 40, "prompts": 8, "minibatches": 4}
-QUICK_LENGTH = {"reverse": 6, "add": 3}
-#: a run's mechanism metrics (docs/study_plan.md): each a mean over steps 1-20 and over all steps
-#: (spread: q99 - q01 at each step)
-MECHANISM = ("q01", "q05", "q95", "q99", "spread", "seq_range", "clip_low", "clip_high", "entropy")
-FIRST = 20
+# whole learning rates, the most informative first); the variants of docs/study.md's sweep
+FULL = {"variants": "grpo,grpo_wide,gmpo,gmpo_narrow,gmpo_noclip,gmpo_seqclip",
+        "lr": "5e-3,2e-3,1e-2,1e-3", "grad_clip": "none,1.0", "seeds": "0,1,2,3,4",
+        "steps": 100}  # fmt: skip
+QUICK = {"variants": "grpo,gmpo", "lr": "5e-3", "grad_clip": "none", "seeds": "0,1", "steps": 6}
+#: --quick's setup: the task's ``quick_length`` and these
+QUICK_SETUP = {"warm_steps": 40, "prompts": 8, "minibatches": 4}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -71,11 +59,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _item(option: str, x: str, kind: str) -> Any:
-    """One item of a comma list: ``kind`` is "method" (a name), "int", "lr" (a finite number
+    """One item of a comma list: ``kind`` is "variant" (a name), "int", "lr" (a finite number
     > 0) or "clip" (a finite number > 0, or ``none``: no clipping; 0 is refused, not read as
     none)."""
     x = x.strip()
-    if kind == "method":
+    if kind == "variant":
         return x
     if kind == "clip" and x.lower() == "none":
         return None
@@ -102,12 +90,15 @@ def _list(option: str, text: str, kind: str) -> list[Any]:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    """The options, checked: a refusal is one line on stderr and exit status 2, before any work."""
+    """The options, checked: a refusal is one line on stderr and exit status 2, before any work.
+    ``args.setup`` is the run's :class:`Setup`; each variant is resolved here once."""
     p = _Parser(prog="python -m studies.stability", description=__doc__.split("\n\n")[0])
     p.add_argument("--task", default="reverse", choices=list(TASKS),
                    help="the task (default reverse)")  # fmt: skip
-    p.add_argument("--methods", help=f"comma list of {', '.join(METHODS)} or module:function "
-                   "(a method defined elsewhere; default: all built-in)")  # fmt: skip
+    p.add_argument("--variants", "--methods", dest="variants",
+                   help=f"comma list of {', '.join(VARIANTS)} or module:function (a variant "
+                   "defined elsewhere; default: docs/study.md's six); "
+                   "--methods is the same option")  # fmt: skip
     p.add_argument("--setup", default="", help="comma list of key=value overrides of the run "
                    "setup (studies/stability/run.py Setup), e.g. beta2=0.99,tied=false")  # fmt: skip
     p.add_argument("--lr", help=f"comma list of learning rates (default {FULL['lr']})")
@@ -118,37 +109,38 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("runs/study"), help="output directory")
     p.add_argument("--workers", type=int, default=2, help="worker processes, >= 1 (default 2)")
     p.add_argument("--quick", action="store_true",
-                   help=f"smoke run: {QUICK} on a {QUICK_SETUP} task")  # fmt: skip
+                   help=f"smoke run: {QUICK} on the task at its quick length with {QUICK_SETUP}")  # fmt: skip
     p.add_argument("--curves-lr", type=float, default=5e-3,
                    help="the figure's per-step curves: this learning rate, without gradient "
                    "clipping if the grid has it (default 5e-3)")  # fmt: skip
     p.add_argument("--fresh", action="store_true", help="recompute cached runs too")
     args = p.parse_args(argv)
+    try:  # a task's extra (reasoning-gym's tasks), before any work
+        check_available(TASKS[args.task])
+    except ValueError as e:
+        p.error(f"--task {args.task}: {e}")
     grid = QUICK if args.quick else FULL
-    for key in ("methods", "lr", "grad_clip", "seeds", "steps"):
+    for key in ("variants", "lr", "grad_clip", "seeds", "steps"):
         if getattr(args, key) is None:
             setattr(args, key, grid[key])
     for option, value in (("--steps", args.steps), ("--workers", args.workers)):
         if value < 1:
             p.error(f"{option}: must be at least 1, got {value}")
-    args.methods = [m.strip() for m in args.methods.split(",")]
-    for m in args.methods:
-        try:
-            resolve(m)
-        except ValueError as e:
-            p.error(f"--methods: {e}")
     try:
-        args.setup = setup_overrides(args.setup)
-        args.methods = _list("--methods", ",".join(args.methods), "method")
+        args.variants = _list("--variants", args.variants, "variant")
+        for name in args.variants:
+            resolve(name)
         args.lr = _list("--lr", args.lr, "lr")
         args.grad_clip = _list("--grad-clip", args.grad_clip, "clip")
         args.seeds = _list("--seeds", args.seeds, "int")
     except ValueError as e:
-        p.error(str(e))
+        p.error(str(e) if str(e).startswith("--") else f"--variants: {e}")
     try:
-        make_setup(args)
+        quick = {**QUICK_SETUP, "length": TASKS[args.task].quick_length} if args.quick else {}
+        args.setup = Setup.of(args.task, steps=args.steps,
+                              **{**quick, **setup_overrides(args.setup)})  # fmt: skip
     except (TypeError, ValueError) as e:
-        p.error(f"--setup: {e}")
+        p.error(str(e) if str(e).startswith("--setup") else f"--setup: {e}")
     return args
 
 
@@ -174,162 +166,22 @@ def setup_overrides(text: str) -> dict[str, Any]:
     return out
 
 
-def make_setup(args: argparse.Namespace) -> Setup:
-    """The run setup of the options: the task's own settings, then --quick's, then --setup's."""
-    quick = {**QUICK_SETUP, "length": QUICK_LENGTH[args.task]} if args.quick else {}
-    fields = {**TASK_SETUPS[args.task], **quick, **args.setup}
-    return Setup(task_name=args.task, steps=args.steps, **fields)
-
-
-def run_name(method: str, lr: float, clip: float | None, seed: int) -> str:
-    """A run's readable name (full-precision floats: ``repr``, not ``:g``)."""
-    return f"{method}_lr{lr!r}_clip{clip!r}_seed{seed}"
-
-
-def run_key(job: tuple[str, float, float | None, int], sdict: dict[str, Any], code: str) -> dict:
-    """Everything a run's result depends on: the method's definition (not only its name), the
-    learning rate, clip and seed, the setup, and the code the run executes (``code``)."""
-    method, lr, clip, seed = job
-    return {"method": method, "method_fingerprint": fingerprint(method), "lr": lr,
-            "grad_clip": clip, "seed": seed, "setup": sdict, "code": code}  # fmt: skip
-
-
-def digest(key: Any) -> str:
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
-
-
-def record(job: tuple[str, float, float | None, int], warm: dict[str, Any],
-           result: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
-    """The summary.json record of one run."""
-    method, lr, clip, seed = job
-    c = result["curves"]
-    col = collapse(c["reward"], WINDOW, DROP)
-    k = min(WINDOW, len(c["reward"]))
-    first = [
-        max(-a, b) for a, b in zip(c["log_ratio_min"][:10], c["log_ratio_max"][:10], strict=True)
-    ]
-    return {
-        "method": method, "lr": lr, "seed": seed, "grad_clip": clip, "steps": len(c["reward"]),
-        "final_reward": col.final, "peak_reward": col.peak, "collapsed": col.collapsed,
-        "start_reward": float(warm["reward"]), "max_grad_norm": max(c["grad_norm"]),
-        "log_ratio_min": min(c["log_ratio_min"]), "log_ratio_max": max(c["log_ratio_max"]),
-        "log_ratio_absmax_first10": statistics.fmean(first),
-        "entropy_start": c["entropy"][0], "entropy_end": statistics.fmean(c["entropy"][-k:]),
-        "clipped_fraction_mean": statistics.fmean(c["clipped_fraction"]),
-        "skipped_updates": int(sum(c["skipped"])), "cpu_s": result["cpu_s"],
-        "failed": failed(c["reward"], float(warm["reward"])),
-        **mechanism(c),
-    }  # fmt: skip
-
-
-def mechanism(c: dict[str, list[float]]) -> dict[str, float]:
-    """A run's :data:`MECHANISM` metrics: ``<name>_first20`` (the mean over steps 1-20) and
-    ``<name>_all`` (over every step)."""
-    per_step = {k: c[k] for k in MECHANISM if k != "spread"}
-    per_step["spread"] = [b - a for a, b in zip(c["q01"], c["q99"], strict=True)]
-    out = {}
-    for k in MECHANISM:
-        out[f"{k}_first{FIRST}"] = statistics.fmean(per_step[k][:FIRST])
-        out[f"{k}_all"] = statistics.fmean(per_step[k])
-    return out
-
-
-class Invocation:
-    """This invocation's line in ``invocations.jsonl`` (one line per invocation that computed
-    something in the directory), rewritten after every finished job: an interrupted sweep keeps
-    the wall-clock and CPU time it spent."""
-
-    def __init__(self, path: Path, workers: int) -> None:
-        self.path, self.t0 = path, time.time()
-        self.rec: dict[str, Any] = {
-            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.t0)),
-            "workers": workers, "load_start": round(os.getloadavg()[0], 2),
-            "wall_s": 0.0, "runs": 0, "warm_starts": 0, "cpu_s": 0.0,
-        }  # fmt: skip
-        self.lines = path.read_text().splitlines() if path.exists() else []
-
-    def update(self, **add: float) -> None:
-        for key, value in add.items():
-            self.rec[key] += value
-        self.rec["wall_s"] = round(time.time() - self.t0, 1)
-        self.rec["load_now"] = round(os.getloadavg()[0], 2)
-        self.path.write_text("".join(f"{x}\n" for x in [*self.lines, json.dumps(self.rec)]))
-
-
-def _load(x: float | None) -> str:
-    return "—" if x is None else f"{x:.1f}"
-
-
-def invocations(out: Path) -> list[dict[str, Any]]:
-    path = out / "invocations.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
-
-
-def sweep(args: argparse.Namespace, setup: Setup) -> tuple[list[Any], dict[int, Any], float]:
-    """Warm starts, then every run (cached ones reused); returns (records with curves, warm
-    starts, CPU seconds spent in this invocation)."""
-    sdict = dataclasses.asdict(setup)
-    (args.out / "warm").mkdir(parents=True, exist_ok=True)
-    (args.out / "runs").mkdir(parents=True, exist_ok=True)
-    ctx = multiprocessing.get_context("spawn")
-    start = time.time()
-    spent = 0.0
-    log = Invocation(args.out / "invocations.jsonl", args.workers)
-    with ProcessPoolExecutor(args.workers, mp_context=ctx, initializer=init_worker) as pool:
-        warm: dict[int, Any] = {}
-        code = code_fingerprint()
-        # a warm start depends on its settings and on the code that computes it
-        wkey = digest({"warm": setup.warm_key(), "code": code})[:16]
-        paths = {s: args.out / "warm" / f"{setup.warm_key()}_{wkey}_seed{s}.pt" for s in args.seeds}
-        meta = {s: p.with_suffix(".json") for s, p in paths.items()}
-        todo = [s for s in args.seeds if args.fresh or not meta[s].exists()]
-        for s, info in zip(todo, pool.map(warm_job, [sdict] * len(todo), todo,
-                                          [str(paths[s]) for s in todo]), strict=True):  # fmt: skip
-            meta[s].write_text(json.dumps(info) + "\n")
-            spent += info["cpu_s"]
-            log.update(warm_starts=1, cpu_s=info["cpu_s"])
-            print(f"warm start seed {s}: reward {info['reward']:.3f}, {info['cpu_s']:.1f} s CPU")
-        warm = {s: json.loads(meta[s].read_text()) for s in args.seeds}
-        # learning-rate major, in the order given: a sweep cut short has whole learning rates
-        jobs = [(m, lr, c, s) for lr in args.lr for c in args.grad_clip for s in args.seeds
-                for m in args.methods]  # fmt: skip
-        keys = {j: run_key(j, sdict, code) for j in jobs}
-        cache = {j: args.out / "runs" / f"{run_name(*j)}_{digest(keys[j])[:16]}.json" for j in jobs}
-
-        def cached(j: Any) -> bool:
-            return (not args.fresh and cache[j].exists()
-                    and json.loads(cache[j].read_text()).get("key") == keys[j])  # fmt: skip
-
-        todo_jobs = [j for j in jobs if not cached(j)]
-        futures = {pool.submit(run_job, sdict, *j, str(paths[j[3]])): j for j in todo_jobs}
-        for n, (fut, j) in enumerate(futures.items(), 1):
-            result = fut.result()
-            spent += result["cpu_s"]
-            cache[j].write_text(json.dumps({"key": keys[j], **result}) + "\n")
-            log.update(runs=1, cpu_s=result["cpu_s"])
-            print(f"[{n}/{len(todo_jobs)} at {time.time() - start:.0f} s] {run_name(*j)}: final reward "
-                  f"{collapse(result['curves']['reward']).final:.3f}, {result['cpu_s']:.1f} s CPU",
-                  flush=True)  # fmt: skip
-    runs = [(j, json.loads(cache[j].read_text())) for j in jobs]
-    return runs, warm, spent
-
-
 def main(argv: list[str]) -> int:
     args = parse(argv)
-    setup = make_setup(args)
+    setup = args.setup
     wall0, load0 = time.time(), os.getloadavg()
     runs, warm, spent = sweep(args, setup)
     wall = time.time() - wall0
     records = [{"task": setup.task_name, **record(j, warm[j[3]], res)} for j, res in runs]
-    curves = [{"method": j[0], "lr": j[1], "grad_clip": j[2], "seed": j[3],
+    curves = [{"variant": j[0], "lr": j[1], "grad_clip": j[2], "seed": j[3],
                "curves": {k: [float(f"{x:.4g}") for x in v] for k, v in res["curves"].items()}}
               for j, res in runs]  # fmt: skip
     out = args.out
     (out / "summary.json").write_text(json.dumps(records, indent=1) + "\n")
-    (out / "curves.jsonl").write_text("".join(json.dumps(c) + "\n" for c in curves))
+    write_curves(out, curves)
     curves_lr = args.curves_lr if args.curves_lr in args.lr else args.lr[0]
     cell = (curves_lr, None if None in args.grad_clip else args.grad_clip[0])
-    plot(records, curves, args.methods, cell, out / "stability.png")
+    plot(records, curves, args.variants, cell, out / "stability.png")
     cpu_runs = sum(r["cpu_s"] for r in records)
     inv = invocations(out)
     inv_wall, inv_cpu = sum(i["wall_s"] for i in inv), sum(i["cpu_s"] for i in inv)
@@ -361,7 +213,7 @@ def main(argv: list[str]) -> int:
         "| seed | reward | entropy |", "|---:|---:|---:|",
         *(f"| {s} | {w['reward']:.3f} | {w['entropy']:.3f} |" for s, w in warm.items()), "",
     ]  # fmt: skip
-    (out / "summary.md").write_text("\n".join(head) + tables(records, args.methods))
+    (out / "summary.md").write_text("\n".join(head) + tables(records, args.variants))
     print(f"{len(records)} runs, {wall:.0f} s wall-clock, {spent:.0f} s CPU computed; "
           f"{out}/summary.md")  # fmt: skip
     return 0

@@ -1,14 +1,27 @@
-"""The ``add`` task's warm start, fixed by docs/study_plan.md's rule on the calibration seeds.
+"""A task's warm start, fixed by a rule on the calibration seeds only (900, 901, 902).
 
-    python -m studies.stability.calibrate --out results/study-confirm
+    python -m studies.stability.calibrate --out results/study-confirm            # add
+    python -m studies.stability.calibrate --task chain_sum --out results/tasks-gym
 
-The rule: the same optimizer and batch as ``reverse``'s warm start; the number of supervised
-steps the smallest of 400, 800, 1600 at which a *clean* warm start (noise 0) reaches an
-exact-match reward of at least 0.9 on every calibration seed; then the noise the value of 0.05,
-0.10, ..., 0.30 whose warm-start reward, averaged over the calibration seeds, is closest to
-``reverse``'s (0.22). Without a step count that reaches 0.9, 6-digit and then 4-digit numbers,
-by the same rule. Writes ``calibration.json`` and ``calibration.md`` to ``--out``; the values
-found go into ``gmpo_tasks/add.py`` by hand, in a commit before any confirmatory run.
+``add`` keeps docs/study_plan.md's rule: the same optimizer and batch as ``reverse``'s warm
+start; the number of supervised steps the smallest of 400, 800, 1600 at which a *clean* warm
+start (noise 0) reaches an exact-match reward of at least 0.9 on every calibration seed; then the
+noise the value of 0.05, 0.10, ..., 0.30 whose warm-start reward, averaged over the calibration
+seeds, is closest to ``reverse``'s (0.22). Without a step count that reaches 0.9, 6-digit and
+then 4-digit numbers, by the same rule. Writes ``calibration.json`` and ``calibration.md``.
+
+Every other task (the reasoning-gym tasks) takes the band rule at its own length
+(``studies/stability/band.py``): the smallest of 400, 800, 1600 supervised steps at which a
+clean warm start (noise 0) reaches a reward of 0.5 on every calibration seed (else 1600); then,
+by bisection over 0.00, 0.05, ..., 0.95, the smallest noise at which no seed's warm-start reward
+(the task's own, at temperature 1 on 256 held-out prompts) is above 0.45, where every seed must
+be at least 0.15 (else nothing is chosen): every seed in [0.15, 0.45]. A seed near zero reward has
+groups whose rewards are all alike, and so no gradient: the band's floor rules such a warm start
+out on each seed, its ceiling leaves room to learn. Then, at the chosen setting, what a run costs
+and does: one ``gmpo`` run of the study's cell (100 steps, learning rate 2e-3) from each
+calibration seed's warm start, and the warm start of the built-in transformers model that
+``gmpo train --task NAME`` trains. Writes ``calibration_NAME.json`` and ``calibration_NAME.md``.
+The values found go into the task's module by hand.
 """
 
 from __future__ import annotations
@@ -23,6 +36,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from gmpo_tasks.registry import TASKS, check_available
+from studies.stability.band import calibrate_band, report_band
 from studies.stability.run import Setup, init_worker, warm_start
 
 SEEDS = (900, 901, 902)
@@ -99,13 +114,26 @@ def report(result: dict[str, Any], command: str, wall: float) -> str:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--task", default="add", choices=[t for t in TASKS if TASKS[t].warm.steps],
+                   help="the task (default add, whose rule is the plan's)")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("runs/calibration"))
     p.add_argument("--workers", type=int, default=2)
     args = p.parse_args(argv)
+    try:
+        check_available(TASKS[args.task])
+    except ValueError as e:
+        p.exit(2, f"{p.prog}: error: --task {args.task}: {e}\n")
     t0 = time.time()
-    result = calibrate(args.workers)
-    args.out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python -m studies.stability.calibrate", *argv])
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.task != "add":
+        result = calibrate_band(args.task, args.workers)
+        name = f"calibration_{args.task}"
+        (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+        (args.out / f"{name}.md").write_text(report_band(result, command, time.time() - t0))
+        print(f"chosen: steps {result['steps']}, noise {result['noise']}")
+        return 0 if result["steps"] is not None else 1
+    result = calibrate(args.workers)
     (args.out / "calibration.json").write_text(json.dumps(result, indent=1) + "\n")
     (args.out / "calibration.md").write_text(report(result, command, time.time() - t0))
     print(f"chosen: length {result['length']}, steps {result['steps']}, noise {result['noise']}")

@@ -1,15 +1,17 @@
 """The confirmatory analysis of docs/study_plan.md, on the sweeps' summary.json files.
 
-    python -m studies.stability.confirm runs/study-confirm/reverse runs/study-confirm/add \\
-        --out results/study-confirm
+    python -m studies.stability.confirm results/study-confirm/reverse \\
+        results/study-confirm/add --out results/study-confirm
 
 Every rule here is the plan's, fixed before the runs: the primary endpoint (final reward, the
 mean of the last 20 steps), the exact one-sided sign test over the pairs of a task (both cells
 pooled), the three comparisons, Holm over the six tests; the failure counts (the primary rule
-``gmpo_tasks.rules.failed`` and the old collapse rule) with an exact one-sided McNemar test,
+``gmpo_stats.failed`` and the old collapse rule) with an exact one-sided McNemar test,
 Holm over its six; the mechanism metrics over steps 1-20 with their sign tests in the paper's
 direction, Holm over eight; and what counts against GMPO. Writes ``confirm.json`` and
-``confirm.md``.
+``confirm.md``, and in both, apart, the tables the plan did not fix
+(:mod:`studies.stability.unplanned`: the scope, the seed as the unit, each cell alone, the
+mechanism's tests over all steps, the warm starts).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gmpo_tasks.rules import cell_of, holm, sign_test_p
+from gmpo_stats.paired import cell_of, holm, mcnemar, pairs, sign
+from studies.stability import unplanned
 
 #: (name, first method, second method): the first is expected higher
 COMPARISONS = (("C1", "gmpo", "grpo"), ("C2", "gmpo", "grpo_wide"), ("C3", "gmpo_narrow", "grpo"))
@@ -32,29 +35,6 @@ MECHANISM_TESTS = (("spread", -1), ("entropy", 1))
 MECHANISM_COMPARISONS = ("C1", "C2")
 ALPHA = 0.05
 FIRST = 20
-
-
-def pairs(records: list[dict[str, Any]], a: str, b: str, key: str) -> list[tuple[Any, Any]]:
-    """``(a's value, b's value)`` of ``key`` for every seed and cell both methods ran."""
-    by = {(r["method"], *cell_of(r), r["seed"]): r[key] for r in records}
-    return [(v, by[(b, lr, clip, seed)]) for (m, lr, clip, seed), v in sorted(by.items(), key=str)
-            if m == a and (b, lr, clip, seed) in by]  # fmt: skip
-
-
-def sign(values: list[tuple[float, float]], direction: int = 1) -> dict[str, Any]:
-    """Wins (the first value beyond the second in ``direction``), losses, ties, one-sided p."""
-    wins = sum(direction * (x - y) > 0 for x, y in values)
-    losses = sum(direction * (x - y) < 0 for x, y in values)
-    return {"wins": wins, "losses": losses, "ties": len(values) - wins - losses,
-            "p": sign_test_p(wins, losses), "p_reverse": sign_test_p(losses, wins)}  # fmt: skip
-
-
-def mcnemar(values: list[tuple[bool, bool]]) -> dict[str, Any]:
-    """Exact one-sided McNemar: of the discordant pairs, those where only the second failed
-    (``better``) against those where only the first did; H1: the first fails less often."""
-    better = sum((not x) and y for x, y in values)
-    worse = sum(x and (not y) for x, y in values)
-    return {"better": better, "worse": worse, "p": sign_test_p(better, worse)}
 
 
 def _ms(xs: list[float]) -> str:
@@ -115,8 +95,8 @@ def verdicts(out: dict[str, Any], records: list[dict[str, Any]], tasks: list[str
             lines.append(f"against GMPO: {r['b']} higher than {r['a']} on {r['task']} "
                          f"(one-sided p = {r['p_reverse']:.4f})")  # fmt: skip
     more = [t for t in tasks
-            if sum(r["failed"] for r in records if r["task"] == t and r["method"] == "gmpo")
-            > sum(r["failed"] for r in records if r["task"] == t and r["method"] == "grpo")]  # fmt: skip
+            if sum(r["failed"] for r in records if r["task"] == t and r["variant"] == "gmpo")
+            > sum(r["failed"] for r in records if r["task"] == t and r["variant"] == "grpo")]  # fmt: skip
     if more and len(more) == len(tasks):
         lines.append("against GMPO: gmpo failed in more runs than grpo on every task")
     for metric, _ in MECHANISM_TESTS:
@@ -129,7 +109,8 @@ def verdicts(out: dict[str, Any], records: list[dict[str, Any]], tasks: list[str
 
 def report(out: dict[str, Any], records: list[dict[str, Any]], command: str) -> str:
     lines = ["# The confirmatory study: results", "", f"Command: `{command}`", "",
-             "Analysis as planned in docs/study_plan.md; nothing here was chosen after the runs.",
+             "Analysis as planned in docs/study_plan.md; nothing before the last section "
+             "(\"Beside the plan\") was chosen after the runs.",
              "", "## Primary: final reward, sign tests (both cells of a task pooled)", "",
              "| task | comparison | wins | losses | ties | p (one-sided) | p (Holm, 6) | confirmed |",
              "|---|---|---:|---:|---:|---:|---:|---|",
@@ -147,7 +128,7 @@ def report(out: dict[str, Any], records: list[dict[str, Any]], command: str) -> 
             rs = [
                 r
                 for r in records
-                if (r["task"], *cell_of(r)) == (task, lr, clip) and r["method"] == m
+                if (r["task"], *cell_of(r)) == (task, lr, clip) and r["variant"] == m
             ]
             if not rs:
                 continue
@@ -189,7 +170,7 @@ def report(out: dict[str, Any], records: list[dict[str, Any]], command: str) -> 
                 rs = [
                     r
                     for r in records
-                    if (r["task"], *cell_of(r)) == (task, lr, clip) and r["method"] == m
+                    if (r["task"], *cell_of(r)) == (task, lr, clip) and r["variant"] == m
                 ]
                 if rs:
                     lines.append(f"| {task} | {lr:g} | {clip if clip is not None else 'none'} | {m} | "
@@ -204,12 +185,19 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", type=Path, default=Path("runs/study-confirm"))
     args = p.parse_args(argv)
     records = [r for d in args.runs for r in json.loads((d / "summary.json").read_text())
-               if r["method"] in METHODS]  # fmt: skip
+               if r["variant"] in METHODS]  # fmt: skip
     out = analyse(records)
+    out["unplanned"] = unplanned.analyse(records, COMPARISONS, MECHANISM_TESTS,
+                                         MECHANISM_COMPARISONS)  # fmt: skip
+    scopes = [unplanned.scope(s) for s in unplanned.setups(args.runs).values()]
+    out["unplanned"]["scope"] = scopes
     args.out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python -m studies.stability.confirm", *argv])
     (args.out / "confirm.json").write_text(json.dumps(out, indent=1) + "\n")
-    (args.out / "confirm.md").write_text(report(out, records, command))
+    text = report(out, records, command).rstrip("\n").split("\n")
+    (args.out / "confirm.md").write_text(
+        "\n".join(text + unplanned.report(out["unplanned"], scopes))
+    )
     print("\n".join(out["verdicts"]))
     print(f"{len(records)} runs; {args.out}/confirm.md")
     return 0

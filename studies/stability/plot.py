@@ -27,7 +27,7 @@ def _mean(rows: list[list[float]]) -> list[float]:
 def plot(
     records: list[dict[str, Any]],
     curves: list[dict[str, Any]],
-    methods: list[str],
+    variants: list[str],
     cell: tuple[float, float | None],
     path: Path,
 ) -> None:
@@ -38,12 +38,12 @@ def plot(
 
     fig, axes = plt.subplots(2, 3, figsize=(16, 8.5))
     for ax, clip in zip(axes[0][:2], (None, 1.0), strict=True):
-        for i, m in enumerate(methods):
-            runs = [r for r in records if r["method"] == m and r["grad_clip"] == clip]
+        for i, m in enumerate(variants):
+            runs = [r for r in records if r["variant"] == m and r["grad_clip"] == clip]
             lrs = sorted({r["lr"] for r in runs})
             if not lrs:
                 continue
-            shift = [lr * (1 + 0.05 * (i - (len(methods) - 1) / 2)) for lr in lrs]  # no overlap
+            shift = [lr * (1 + 0.05 * (i - (len(variants) - 1) / 2)) for lr in lrs]  # no overlap
             for rule, style in ((_collapsed, "-"), (_below_start, ":")):
                 rate = [statistics.fmean(rule(r) for r in runs if r["lr"] == lr) for lr in lrs]
                 ax.plot(shift, rate, style, marker="o" if style == "-" else "x",
@@ -62,9 +62,9 @@ def plot(
               (axes[1][1], "log_ratio_min", "token log-ratio min"),
               (axes[1][2], "entropy", "entropy of the sampling policy"))  # fmt: skip
     for ax, key, title in panels:
-        for m in methods:
+        for m in variants:
             runs = [
-                c for c in curves if c["method"] == m and c["lr"] == lr and c["grad_clip"] == clip
+                c for c in curves if c["variant"] == m and c["lr"] == lr and c["grad_clip"] == clip
             ]
             if not runs:
                 continue

@@ -24,8 +24,8 @@ LEARNED = 0.3
 
 def rows(name: str, records: list[dict[str, Any]]) -> list[str]:
     out = []
-    for method in dict.fromkeys(r["method"] for r in records):
-        rs = [r for r in records if r["method"] == method]
+    for method in dict.fromkeys(r["variant"] for r in records):
+        rs = [r for r in records if r["variant"] == method]
         learned = sum(r["peak_reward"] - r["start_reward"] >= LEARNED for r in rs)
         out.append(f"| {name} | {method} | {len(rs)} | {_ms([r['start_reward'] for r in rs])} | "
                    f"{_ms([r['final_reward'] for r in rs])} | {_ms([r['peak_reward'] for r in rs])} | "

@@ -1,5 +1,5 @@
 """The stability study's tables: collapse counts, per-cell statistics and the sign tests, by the
-rules of :mod:`gmpo_tasks.rules` (fixed in advance; docs/study.md states them)."""
+rules of :mod:`gmpo_stats` (fixed in advance; docs/study.md states them)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from gmpo_tasks.rules import cell_of, cell_order, paired, pooled
+from gmpo_stats.paired import cell_of, cell_order, paired, pooled
 
 #: the comparisons of the sign test, fixed in advance: (GMPO, GRPO variant)
 SIGN_TESTS = (("gmpo", "grpo"), ("gmpo", "grpo_wide"))
@@ -25,13 +25,13 @@ def _ms(values: list[float], fmt: str = ".2f") -> str:
 
 def _counts(
     by: dict[Any, list[dict[str, Any]]],
-    methods: list[str],
+    variants: list[str],
     cells: list[Any],
     counts: Callable[[dict[str, Any]], bool],
 ) -> list[str]:
     """Table rows: per method and cell, the runs that ``counts`` / runs; then over all cells."""
     lines = []
-    for m in methods:
+    for m in variants:
         row, total, n_all = [], 0, 0
         for c in cells:
             runs = by.get((m, *c), [])
@@ -42,30 +42,30 @@ def _counts(
     return lines
 
 
-def tables(records: list[dict[str, Any]], methods: list[str]) -> str:
+def tables(records: list[dict[str, Any]], variants: list[str]) -> str:
     """Markdown: collapse counts per method and cell; per method and cell the final reward, peak,
     largest gradient norm, log-ratio range and final entropy; the sign tests."""
     cells = sorted({cell_of(r) for r in records}, key=cell_order)
     by: dict[Any, list[dict[str, Any]]] = {}
     for r in records:
-        by.setdefault((r["method"], *cell_of(r)), []).append(r)
+        by.setdefault((r["variant"], *cell_of(r)), []).append(r)
     lines = ["", "## Collapsed runs (collapsed / runs)", "",
              "| method | " + " | ".join(cell_name(c) for c in cells) + " | all |",
              "|---|" + "---:|" * (len(cells) + 1)]  # fmt: skip
-    lines += _counts(by, methods, cells, lambda r: bool(r["collapsed"]))
+    lines += _counts(by, variants, cells, lambda r: bool(r["collapsed"]))
     lines += ["", "## Runs that ended below their warm start (final reward < warm-start reward)",
               "", "Descriptive, defined after the first results: a run that falls from the warm "
               "start straight to 0 never has a peak 0.3 above its end, so the collapse rule "
               "above does not count it.", "",
               "| method | " + " | ".join(cell_name(c) for c in cells) + " | all |",
               "|---|" + "---:|" * (len(cells) + 1)]  # fmt: skip
-    lines += _counts(by, methods, cells, lambda r: bool(r["final_reward"] < r["start_reward"]))
+    lines += _counts(by, variants, cells, lambda r: bool(r["final_reward"] < r["start_reward"]))
     lines += ["", "## Per method and cell (mean ± std over seeds; median in brackets)", "",
               "| cell | method | final reward | peak reward | largest grad norm | "
               "log-ratio min | log-ratio max | max abs log-ratio, steps 1-10 | final entropy |",
               "|---|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for c in cells:
-        for m in methods:
+        for m in variants:
             runs = by.get((m, *c), [])
             if not runs:
                 continue

@@ -10,6 +10,7 @@ prompts of ``(s, k)``); sampling and minibatch order come from a generator seede
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import time
@@ -20,44 +21,40 @@ from typing import Any
 import torch
 
 import gmpo_core
-import gmpo_tasks
 from gmpo_core import clip_metrics
-from gmpo_tasks import add
-from gmpo_tasks.add import AddTask
 from gmpo_tasks.chars import decode, encode
-from gmpo_tasks.reverse import CELL, ReverseTask
-from gmpo_tasks.warm_start import WARM, WarmStart
+from gmpo_tasks.registry import TASKS
+from gmpo_tasks.task import CELL, Task
+from gmpo_tasks.warm_start import WarmStart
 from gmpo_tasks.warm_start import warm_start as supervised
-from studies.stability.methods import resolve
+from gmpo_variants import resolve
 from studies.stability.model import TinyLM, completion_logps, sample
 
 STD_EPS = 1e-4  # TRL's group-normalization epsilon
-#: the study's tasks by name (``--task``): each has prompts, reward, demonstrations and the
-#: lengths of its prompts and answers
-TASKS = {"reverse": ReverseTask, "add": AddTask}
-#: each task's own settings where they differ from :class:`Setup`'s defaults (``reverse``'s)
-TASK_SETUPS: dict[str, dict[str, Any]] = {
-    "reverse": {},
-    "add": {"length": add.LENGTH, "noise": add.NOISE, "warm_steps": add.WARM.steps},
-}
 #: the token log-ratio quantiles logged at every step
 QUANTILES = (0.01, 0.05, 0.95, 0.99)
-#: the per-step curves of a run (each a mean over the step's updates, except reward and
-#: entropy, which are the sampled batch's, and grad_norm, the largest)
+#: the per-step curves of a run (each a mean over the step's updates, except reward, entropy
+#: and length, which are the sampled batch's, and grad_norm, the largest)
 CURVES = ("reward", "entropy", "log_ratio_min", "log_ratio_max", "clipped_fraction", "grad_norm",
-          "skipped", "q01", "q05", "q95", "q99", "seq_range", "clip_low", "clip_high")  # fmt: skip
+          "skipped", "q01", "q05", "q95", "q99", "seq_range", "clip_low", "clip_high",
+          "length")  # fmt: skip
+#: Setup's counts, each at least 1 (``warm_steps`` may be 0: no warm start)
+_COUNTS = ("length", "prompts", "minibatches", "epochs", "steps", "d", "heads", "layers",
+           "warm_batch")  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Setup:
-    """Everything a run depends on besides method, learning rate, gradient clip and seed."""
+    """Everything a run depends on besides variant, learning rate, gradient clip and seed. The
+    task's own settings (``length``, ``noise``, the warm start's) default to its entry in
+    ``gmpo_tasks.registry.TASKS`` (:meth:`of`); the RL setting to ``gmpo_tasks.task.CELL``."""
 
     task_name: str = "reverse"  # a key of TASKS
-    length: int = 16  # digits to reverse (reverse), digits per number (add)
-    noise: float = 0.1  # demonstrations: probability of replacing a target digit
-    warm_steps: int = WARM.steps  # supervised steps of the warm start
-    warm_batch: int = WARM.batch
-    warm_lr: float = WARM.lr
+    length: int = 16  # the task's size: digits to reverse, digits per number, terms...
+    noise: float = 0.1  # demonstrations: probability of replacing an answer character
+    warm_steps: int = 400  # supervised steps of the warm start
+    warm_batch: int = 64
+    warm_lr: float = 3e-3
     prompts: int = CELL.prompts  # prompts per RL step
     group: int = CELL.group  # completions per prompt
     minibatches: int = CELL.minibatches  # updates per epoch over a step's batch
@@ -70,20 +67,55 @@ class Setup:
     beta2: float = 0.999  # the RL optimizer's (Adam's) second-moment decay
 
     def __post_init__(self) -> None:
+        """Every value a run can use, checked before any work (a ValueError of one line)."""
         if self.task_name not in TASKS:
             raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.task_name!r}")
+        for key in _COUNTS:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
+        if self.warm_steps < 0:
+            raise ValueError(f"warm_steps must be an integer >= 0, got {self.warm_steps!r}")
+        if self.group < 2:
+            raise ValueError(f"group must be at least 2 (a group's advantages need its std), "
+                             f"got {self.group}")  # fmt: skip
+        if self.minibatches > self.prompts * self.group:
+            raise ValueError(f"minibatches ({self.minibatches}) must be at most prompts x group "
+                             f"({self.prompts * self.group} completions a step)")  # fmt: skip
+        if self.d % self.heads:
+            raise ValueError(f"d ({self.d}) must be a multiple of heads ({self.heads})")
+        if not (math.isfinite(self.warm_lr) and self.warm_lr > 0):
+            raise ValueError(f"warm_lr must be a finite number > 0, got {self.warm_lr!r}")
         if not 0.0 <= self.beta2 < 1.0:
             raise ValueError(f"beta2 must be in [0, 1), got {self.beta2!r}")
-        TASKS[self.task_name](length=self.length, noise=self.noise)  # its checks: length, noise
+        self.task  # noqa: B018  (the task's own checks: length, noise)
+
+    @classmethod
+    def of(cls, task_name: str, **overrides: Any) -> Setup:
+        """The setup of ``task_name`` with its own settings, then ``overrides``."""
+        if task_name not in TASKS:
+            raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task_name!r}")
+        task = TASKS[task_name]
+        own = {"length": task.length, "noise": task.noise, "warm_steps": task.warm.steps,
+               "warm_batch": task.warm.batch, "warm_lr": task.warm.lr}  # fmt: skip
+        return cls(task_name=task_name, **{**own, **overrides})
 
     @property
-    def task(self) -> ReverseTask | AddTask:
-        return TASKS[self.task_name](length=self.length, noise=self.noise)
+    def task(self) -> Task:
+        return dataclasses.replace(
+            TASKS[self.task_name], length=self.length, noise=self.noise, warm=self.warm
+        )
+
+    @property
+    def vocab(self) -> str:
+        """The model's symbols: the task's (the end-of-sequence token is one more id)."""
+        return TASKS[self.task_name].symbols
 
     def model(self) -> TinyLM:
         task = self.task
-        return TinyLM(d=self.d, heads=self.heads, layers=self.layers, tied=self.tied,
-                      max_len=task.prompt_length + task.answer_length)  # fmt: skip
+        return TinyLM(vocab=len(task.symbols) + task.variable_length, d=self.d, heads=self.heads,
+                      layers=self.layers, tied=self.tied,
+                      max_len=task.prompt_length + task.completion_length)  # fmt: skip
 
     @property
     def warm(self) -> WarmStart:
@@ -95,48 +127,94 @@ class Setup:
                 "heads", "layers", "tied")  # fmt: skip
         return "_".join(f"{k}{getattr(self, k)}" for k in keys)
 
+    def code_fingerprint(self) -> str:
+        """sha256 of the code every run and warm start executes besides its variant (which
+        ``studies.stability.variants.fingerprint`` covers): the study's run and model, the
+        task's sources (``Task.sources``) and its data's package versions, gmpo_core's
+        sources, and torch's version. Part of the cache keys: after a change to any of them, a
+        rerun recomputes instead of reusing."""
+        task = self.task
+        files = [Path(__file__), Path(__file__).with_name("model.py"), *task.sources(),
+                 *sorted(Path(gmpo_core.__file__).parent.rglob("*.py"))]  # fmt: skip
+        h = hashlib.sha256(f"{torch.__version__} {sorted(task.versions().items())}".encode())
+        for f in files:
+            h.update(f"\0{f.parent.name}/{f.name}\0".encode() + f.read_bytes())
+        return h.hexdigest()
 
-def code_fingerprint() -> str:
-    """sha256 of the code every run and warm start executes besides its method (which
-    ``studies.stability.methods.fingerprint`` covers): this module, the model, the task, the
-    alphabet and the warm start, gmpo_core's sources, and torch's version. Part of the cache keys: after a change to any of them, a rerun
-    recomputes instead of reusing."""
-    tasks = Path(gmpo_tasks.__file__).parent
-    files = [Path(__file__), Path(__file__).with_name("model.py"),
-             *(tasks / f for f in ("reverse.py", "add.py", "chars.py", "warm_start.py")),
-             *sorted(Path(gmpo_core.__file__).parent.rglob("*.py"))]  # fmt: skip
-    h = hashlib.sha256(torch.__version__.encode())
-    for f in files:
-        h.update(f"\0{f.parent.name}/{f.name}\0".encode() + f.read_bytes())
-    return h.hexdigest()
+
+def _ids(texts: list[str], vocab: str) -> torch.Tensor:
+    return torch.tensor([encode(t, vocab) for t in texts])
 
 
-def _ids(texts: list[str]) -> torch.Tensor:
-    return torch.tensor([encode(t) for t in texts])
+def completion_mask(completions: torch.Tensor, eos: int | None) -> torch.Tensor:
+    """The valid tokens of sampled completions (B, L): all of them (``eos`` None: answers of one
+    length), else those up to and including the first end-of-sequence token ``eos``.
+
+    Shape:
+        completions: (B, L). Output: (B, L) bool.
+    """
+    if eos is None:
+        return torch.ones_like(completions, dtype=torch.bool)
+    is_eos = (completions == eos).long()
+    return (is_eos.cumsum(1) - is_eos) == 0
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """Sampled completions of prompts: the sample, the completions' texts (before the
+    end-of-sequence token) and their valid tokens (B, L)."""
+
+    sample: Any
+    texts: list[str]
+    mask: torch.Tensor
+
+
+def roll_out(model: TinyLM, setup: Setup, prompts: list[str], gen: torch.Generator) -> Rollout:
+    """``task.completion_length`` tokens after each prompt at temperature 1 (:func:`sample`),
+    and what the reward and the loss read of them."""
+    task, vocab = setup.task, setup.vocab
+    s = sample(model, _ids(prompts, vocab), task.completion_length, gen)
+    mask = completion_mask(s.completions, len(vocab) if task.variable_length else None)
+    eos = len(vocab)
+    texts = [decode([t for t in row if t != eos][: task.answer_length], vocab)
+             if task.variable_length else decode(row, vocab)
+             for row in torch.where(mask, s.completions, eos).tolist()]  # fmt: skip
+    return Rollout(s, texts, mask)
 
 
 @torch.no_grad()
 def evaluate(model: TinyLM, setup: Setup, seed: int, n: int = 256) -> tuple[float, float]:
-    """(mean reward, mean entropy) of ``n`` completions at temperature 1 on held-out prompts."""
-    task = setup.task
-    prompts = task.prompts(n, seed=f"eval:{seed}")
-    s = sample(model, _ids(prompts), task.answer_length, torch.Generator().manual_seed(seed))
-    rewards = task.reward(prompts, [decode(c) for c in s.completions.tolist()])
-    return sum(rewards) / n, float(s.entropy.mean())
+    """(mean reward, mean entropy over valid tokens) of ``n`` completions at temperature 1 on
+    held-out prompts."""
+    prompts = setup.task.prompts(n, seed=f"eval:{seed}")
+    out = roll_out(model, setup, prompts, torch.Generator().manual_seed(seed))
+    rewards = setup.task.reward(prompts, out.texts)
+    return sum(rewards) / n, float(out.sample.entropy[out.mask].mean())
 
 
 def warm_start(setup: Setup, seed: int) -> dict[str, Any]:
     """The seed's model after ``warm_steps`` supervised steps on fresh noisy demonstrations:
-    ``{"state": state_dict, "reward": ..., "entropy": ..., "cpu_s": ...}``."""
+    ``{"state": state_dict, "reward": ..., "entropy": ..., "cpu_s": ...}``. Answers that vary
+    in length are learned with their end-of-sequence token."""
     cpu0 = time.process_time()
     torch.manual_seed(seed)
     model = setup.model()
+    task, vocab = setup.task, setup.vocab
+    eos = len(vocab)
 
     def batch_loss(demos: list[tuple[str, str]]) -> torch.Tensor:
-        prompts, targets = _ids([p for p, _ in demos]), _ids([c for _, c in demos])
-        return -completion_logps(model, prompts, targets).mean()
+        prompts = _ids([p for p, _ in demos], vocab)
+        if not task.variable_length:
+            targets = _ids([c for _, c in demos], vocab)
+            return -completion_logps(model, prompts, targets).mean()
+        answers = [[*encode(c, vocab), eos] for _, c in demos]
+        width = max(len(a) for a in answers)
+        targets = torch.tensor([a + [eos] * (width - len(a)) for a in answers])
+        valid = completion_mask(targets, eos)
+        logps = completion_logps(model, prompts, targets)
+        return -torch.where(valid, logps, 0).sum() / valid.sum()
 
-    supervised(model.parameters(), batch_loss, setup.task, seed, setup.warm)
+    supervised(model.parameters(), batch_loss, task, seed, setup.warm)
     reward, entropy = evaluate(model, setup, seed)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return {"state": state, "reward": reward, "entropy": entropy,
@@ -152,7 +230,7 @@ def group_advantages(rewards: torch.Tensor, group: int) -> torch.Tensor:
 def rl_run(
     setup: Setup,
     warm: dict[str, Any],
-    method: str,
+    name: str,
     lr: float,
     grad_clip: float | None,
     seed: int,
@@ -162,38 +240,39 @@ def rl_run(
     of each update, then averaged over the step's updates: clipped_fraction, the token
     log-ratio's quantiles q01, q05, q95, q99, seq_range (max - min over rows of the row-mean
     log-ratio, the log of the sequence's geometric-mean ratio), clip_low and clip_high (the
-    fraction of tokens below the method's lower bound with A < 0, above its upper bound with
-    A > 0; NaN for a method without token bounds); grad_norm (the largest of the step's updates,
-    before clipping), skipped (updates skipped because the gradient was not finite)."""
-    spec = resolve(method)
-    loss_fn = spec.loss
+    fraction of tokens below the variant's lower bound with A < 0, above its upper bound with
+    A > 0; NaN for a variant without token bounds); grad_norm (the largest of the step's updates,
+    before clipping), skipped (updates skipped because the gradient was not finite), length (the
+    sampled completions' mean number of valid tokens, the end-of-sequence token included)."""
+    variant = resolve(name)
     torch.manual_seed(seed)
     model = setup.model()
     model.load_state_dict(warm["state"])
     opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, setup.beta2))
     params = list(model.parameters())
     gen = torch.Generator().manual_seed(seed)
-    task, batch = setup.task, setup.prompts * setup.group
+    task, batch, vocab = setup.task, setup.prompts * setup.group, setup.vocab
     curves: dict[str, list[float]] = {k: [] for k in CURVES}
     updates = setup.epochs * setup.minibatches
     for step in range(setup.steps):
         prompts = [p for p in task.prompts(setup.prompts, seed=f"{seed}:{step}")
                    for _ in range(setup.group)]  # fmt: skip
-        pids = _ids(prompts)  # (B, P)
-        s = sample(model, pids, task.answer_length, gen)
-        rewards = torch.tensor(task.reward(prompts, [decode(c) for c in s.completions.tolist()]))
+        pids = _ids(prompts, vocab)  # (B, P)
+        rollout = roll_out(model, setup, prompts, gen)
+        s, mask = rollout.sample, rollout.mask  # mask (B, L): the valid tokens
+        rewards = torch.tensor(task.reward(prompts, rollout.texts))
         adv = group_advantages(rewards, setup.group)  # (B,)
-        mask = torch.ones_like(s.logps, dtype=torch.bool)  # every completion has L tokens
         lo, hi, gn_max, skipped = math.inf, -math.inf, 0.0, 0
         sums = dict.fromkeys(("clipped_fraction", *_UPDATE_STATS), 0.0)
         for _ in range(setup.epochs):
             for idx in torch.randperm(batch, generator=gen).chunk(setup.minibatches):
                 logp = completion_logps(model, pids[idx], s.completions[idx])  # (b, L)
-                loss, clipped = loss_fn(logp, s.logps[idx], adv[idx], mask[idx])
+                loss, clipped = variant(logp, s.logps[idx], adv[idx], mask[idx])
                 r = (logp - s.logps[idx]).detach()
-                lo, hi = min(lo, float(r.min())), max(hi, float(r.max()))
+                valid_r = r[mask[idx]]
+                lo, hi = min(lo, float(valid_r.min())), max(hi, float(valid_r.max()))
                 sums["clipped_fraction"] += float(clipped)
-                for key, value in update_stats(r, adv[idx], mask[idx], spec.bounds).items():
+                for key, value in update_stats(r, adv[idx], mask[idx], variant.bounds).items():
                     sums[key] += value
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -204,7 +283,8 @@ def rl_run(
                     gn_max = max(gn_max, gn)
                 else:
                     skipped += 1
-        step_values = {"reward": float(rewards.mean()), "entropy": float(s.entropy.mean()),
+        step_values = {"reward": float(rewards.mean()), "entropy": float(s.entropy[mask].mean()),
+                       "length": float(mask.sum(1).double().mean()),
                        "log_ratio_min": lo, "log_ratio_max": hi, "grad_norm": gn_max,
                        "skipped": skipped, **{k: v / updates for k, v in sums.items()}}  # fmt: skip
         for key in CURVES:
@@ -255,10 +335,10 @@ def warm_job(setup: dict[str, Any], seed: int, path: str) -> dict[str, Any]:
 
 
 def run_job(
-    setup: dict[str, Any], method: str, lr: float, grad_clip: float | None, seed: int, warm: str
+    setup: dict[str, Any], variant: str, lr: float, grad_clip: float | None, seed: int, warm: str
 ) -> dict[str, Any]:
     """One RL run from the warm start saved at ``warm``: its curves and its CPU seconds."""
     state = torch.load(warm, weights_only=True)
     cpu0 = time.process_time()
-    curves = rl_run(Setup(**setup), state, method, lr, grad_clip, seed)
+    curves = rl_run(Setup(**setup), state, variant, lr, grad_clip, seed)
     return {"curves": curves, "cpu_s": time.process_time() - cpu0}

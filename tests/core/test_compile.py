@@ -13,23 +13,9 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
 
-from gmpo_core import _math, compiled, gmpo_loss
+from gmpo_core import _math, compiled, gmpo_loss, masked_power_mean
 from tests import _helpers
-
-
-def _inputs(b: int, t: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
-    g = torch.Generator().manual_seed(seed)
-    logp = -torch.rand(b, t, generator=g).to(dtype)
-    mask = torch.rand(b, t, generator=g) > 0.2
-    mask[0] = False  # an empty row
-    adv = torch.randn(b, generator=g)
-    adv[-1] = 0.0  # an A = 0 row
-    return {
-        "logp": logp.requires_grad_(),
-        "old_logp": (logp.detach().float() + 0.5 * torch.randn(b, t, generator=g)).to(dtype),
-        "advantages": adv,
-        "mask": mask,
-    }
+from tests._helpers import loss_inputs
 
 
 def test_compiled_forward_compiles_once_across_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -41,7 +27,7 @@ def test_compiled_forward_compiles_once_across_shapes(monkeypatch: pytest.Monkey
     )
     monkeypatch.setattr(compiled, "compiled_forward", fresh)
     for b, t in ((3, 5), (4, 17), (1, 9), (9, 64), (5, 1), (2, 300), (16, 33)):
-        x = _inputs(b, t)
+        x = loss_inputs(b, t)
         out = gmpo_loss(**x, impl="compiled", epsilon_high=0.28)
         out.loss.backward()
     assert counter.frame_count == 1
@@ -59,7 +45,7 @@ def test_loss_traces_into_a_user_graph_without_breaks(impl: str) -> None:
 
     fn = torch.compile(step, backend=counter, fullgraph=True, dynamic=True)
     for b, t in ((3, 8), (5, 13)):
-        x = _inputs(b, t, seed=b)
+        x = loss_inputs(b, t, seed=b)
         x["ref_logp"] = x["old_logp"] - 0.1
         loss, high = fn(x)
         (grad,) = torch.autograd.grad(loss, x["logp"])
@@ -79,7 +65,7 @@ def test_compiled_equals_plain_for_any_upstream_gradient(
 ) -> None:
     """Forward values, metrics, and the gradient for random upstream gradients of all three
     differentiable outputs (loss, per_sequence_loss, log_coef)."""
-    x = _inputs(6, 20, seed=1, dtype=dtype)
+    x = loss_inputs(6, 20, seed=1, dtype=dtype)
     kw: dict[str, Any] = {"epsilon": 0.3, "epsilon_high": 0.5}
     if weights == "row":
         kw["is_weights"] = torch.rand(6) + 0.5
@@ -114,7 +100,7 @@ def test_compiled_equals_plain_for_any_upstream_gradient(
 def test_backward_with_only_some_outputs_used(impl: str, used: str) -> None:
     """Outputs that do not reach the objective get no gradient (None): read as zero, as
     autograd of the math itself does (the traced path is the expectation)."""
-    x = _inputs(5, 9, seed=3)
+    x = loss_inputs(5, 9, seed=3)
     kw: dict[str, Any] = {"beta": 0.2, "ref_logp": x["old_logp"] - 0.3}
 
     def objective(out: Any) -> torch.Tensor:
@@ -134,7 +120,7 @@ def test_backward_with_only_some_outputs_used(impl: str, used: str) -> None:
 
 @pytest.mark.parametrize("impl", ["plain", "compiled"])
 def test_retain_graph_backward_twice(impl: str) -> None:
-    x = _inputs(4, 10, seed=4)
+    x = loss_inputs(4, 10, seed=4)
     out = gmpo_loss(**x, impl=impl)
     out.loss.backward(retain_graph=True)
     first = x["logp"].grad.clone()
@@ -145,7 +131,7 @@ def test_retain_graph_backward_twice(impl: str) -> None:
 @pytest.mark.parametrize("impl", ["plain", "compiled"])
 def test_scaled_loss(impl: str) -> None:
     """An upstream gradient of ``loss`` other than 1 (gradient accumulation divides the loss)."""
-    x = _inputs(4, 10, seed=5)
+    x = loss_inputs(4, 10, seed=5)
     (grad,) = torch.autograd.grad(gmpo_loss(**x, impl=impl).loss * 0.25, x["logp"])
     (unit,) = torch.autograd.grad(gmpo_loss(**x, impl=impl).loss, x["logp"])
     assert unit.abs().sum() > 0
@@ -157,7 +143,7 @@ def test_scaled_loss(impl: str) -> None:
 def test_mask_of_any_dtype_equals_a_bool_mask(impl: str, mask_dtype: torch.dtype) -> None:
     """A 0/1 mask of any dtype selects the same tokens as the bool mask (S6). The compiled path
     reads integer masks as numbers (:func:`gmpo_core._math.valid_tokens`)."""
-    x = _inputs(5, 12, seed=6)
+    x = loss_inputs(5, 12, seed=6)
     kw: dict[str, Any] = {"epsilon_high": 0.28, "dual_clip": 2.0, "is_weights": torch.rand(5, 12)}
     expected = gmpo_loss(**x, impl="plain", **kw)
     (expected_grad,) = torch.autograd.grad(expected.loss, x["logp"])
@@ -179,7 +165,7 @@ def test_compiled_kernel_reads_a_bool_mask_as_bytes(monkeypatch: pytest.MonkeyPa
         return _math.forward(b, *args)
 
     monkeypatch.setattr(compiled, "compiled_forward", lambda: record)
-    x = _inputs(3, 7)
+    x = loss_inputs(3, 7)
     gmpo_loss(**x, impl="compiled").loss.backward()
     assert len(seen) == 1
     assert seen[0].dtype == torch.uint8
@@ -322,3 +308,40 @@ def test_metrics_trace_into_one_graph(impl: str) -> None:
     assert metrics.keys() == expected.metrics.keys()
     for k, v in expected.metrics.items():
         torch.testing.assert_close(metrics[k], v, equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", ["counter", "inductor"])
+def test_power_mean_traces_without_breaks(backend: str) -> None:
+    """``masked_power_mean`` in a user's ``torch.compile(fullgraph=True)``: no graph break, one
+    graph across shapes for a fixed p, at most one per p when p is an argument (its sign, 0 and
+    the expansion are chosen in Python; torch 2.4 specializes on every float), the eager values
+    and gradients. Inductor compiles the fixed p only (seconds a graph)."""
+    counters = (CompileCounter(), CompileCounter())
+    compilers: tuple[Any, Any] = counters if backend == "counter" else ("inductor", "inductor")
+
+    def fixed(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return masked_power_mean(x, mask, -1.0)
+
+    def given_p(x: torch.Tensor, mask: torch.Tensor, p: float) -> torch.Tensor:
+        return masked_power_mean(x, mask, p)
+
+    fixed_c = torch.compile(fixed, backend=compilers[0], fullgraph=True, dynamic=True)
+    given_c = torch.compile(given_p, backend=compilers[1], fullgraph=True, dynamic=True)
+    powers = (0.5, 2.0, -1.0, 0.0, 1e-30) if backend == "counter" else ()
+    for b, t in ((3, 8), (5, 13), (4, 2)):
+        g = torch.Generator().manual_seed(b)
+        x = (torch.randn(b, t, generator=g) * 10).requires_grad_()
+        mask = torch.rand(b, t, generator=g) > 0.3
+        mask[0] = False  # an empty row
+        for fn, eager, p in [(fixed_c, fixed, None), *[(given_c, given_p, q) for q in powers]]:
+            extra = () if p is None else (p,)
+            out = fn(x, mask, *extra)
+            expected = eager(x, mask, *extra)
+            torch.testing.assert_close(out, expected)
+            ups = torch.randn(b, generator=g)
+            (grad,) = torch.autograd.grad(out, x, ups)
+            (expected_grad,) = torch.autograd.grad(expected, x, ups)
+            torch.testing.assert_close(grad, expected_grad)
+    if backend == "counter":
+        assert counters[0].frame_count == 1
+        assert 1 <= counters[1].frame_count <= len(powers)

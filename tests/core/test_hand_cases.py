@@ -13,6 +13,7 @@ from gmpo_core import (
     clip_metrics,
     gmpo_loss,
     masked_geometric_mean,
+    masked_power_mean,
     reference,
     sequence_kl,
     trust_region_log_ratio,
@@ -164,6 +165,39 @@ def test_building_blocks_by_hand(impl: str) -> None:
     s = clip_metrics(r, a, torch.ones(2, 3))
     # row 0 (A>0): 0.5 > 0.4 high; row 1 (A<0): -0.9 < -0.4 low
     assert (s.num_tokens.item(), s.num_clipped_high.item(), s.num_clipped_low.item()) == (6, 1, 1)
+
+
+def test_power_mean_by_hand(impl: str) -> None:
+    del impl  # the blocks have one implementation
+    # Row 0: ratios exp(x) = [1, 3] (x = [0, ln 3]), a NaN at the masked third position. Row 1:
+    # empty. log M_p = (1/p) log((1^p + 3^p) / 2):
+    #   p = -2: ((1 + 1/9) / 2)^(-1/2) = (5/9)^(-1/2) = 3 / sqrt(5)  -> ln 3 - ln 5 / 2 = 0.2938933
+    #   p = -1: 2 / (1 + 1/3) = 3/2 (the harmonic mean)               -> ln 1.5          = 0.4054651
+    #   p =  0: sqrt(1 * 3) (the geometric mean)                       -> ln 3 / 2        = 0.5493061
+    #   p =  1: (1 + 3) / 2 = 2 (the arithmetic mean)                  -> ln 2            = 0.6931472
+    #   p =  2: sqrt((1 + 9) / 2) = sqrt(5)                            -> ln 5 / 2        = 0.8047190
+    # d log M_p / d x_t = 3^(p t) / (1 + 3^p) (t = 0, 1): p = -2: [9/10, 1/10]; -1: [3/4, 1/4];
+    # 0: [1/2, 1/2]; 1: [1/4, 3/4]; 2: [1/10, 9/10]. The empty row: 0, gradient 0.
+    x = torch.tensor([[0.0, math.log(3), math.nan], [5.0, 6.0, 7.0]], dtype=torch.float64)
+    x.requires_grad_()
+    mask = torch.tensor([[True, True, False], [False, False, False]])
+    cases = {
+        -2.0: (math.log(3) - math.log(5) / 2, [0.9, 0.1]),
+        -1.0: (math.log(1.5), [0.75, 0.25]),
+        0.0: (math.log(3) / 2, [0.5, 0.5]),
+        1.0: (math.log(2), [0.25, 0.75]),
+        2.0: (math.log(5) / 2, [0.1, 0.9]),
+    }
+    for p, (value, weights) in cases.items():
+        out = masked_power_mean(x, mask, p)
+        torch.testing.assert_close(out, torch.tensor([value, 0.0], dtype=torch.float64))
+        (grad,) = torch.autograd.grad(out.sum(), x)
+        expected = torch.tensor([[*weights, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+        torch.testing.assert_close(grad, expected)
+        np.testing.assert_allclose(
+            reference.masked_power_mean(x.detach().numpy(), mask.numpy(), p).value,
+            [value, 0.0], rtol=1e-15, atol=0,
+        )  # fmt: skip
 
 
 # Regression, defect 8 of those found by trying the 0.1 default path as a new user would

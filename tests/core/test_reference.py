@@ -375,8 +375,3 @@ GOOD: dict[str, Any] = {
 def test_bad_input_raises(changes: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         reference.gmpo_loss(**(GOOD | changes))
-
-
-def test_variant_bad_epsilon_raises() -> None:
-    with pytest.raises(ValueError, match="epsilon"):
-        reference.variant_loss(**GOOD, variant="no_clip", epsilon=0.0)

@@ -15,6 +15,7 @@ from gmpo_core import (
     clip_metrics,
     gmpo_loss,
     masked_geometric_mean,
+    masked_power_mean,
     sequence_kl,
     token_logprobs,
     trust_region_log_ratio,
@@ -120,6 +121,15 @@ def test_building_blocks_take_segments() -> None:
         masked_geometric_mean(r[keep], p["mask"], cu_seqlens=cu),
         masked_geometric_mean(r, x["mask"]),
     )
+    for power in (-1.0, 0.0, 1e-6, 2.0, 1e-30):  # and their gradients
+        rr = r.detach().requires_grad_()
+        packed = masked_power_mean(rr[keep], p["mask"], power, cu_seqlens=cu)
+        padded = masked_power_mean(rr, x["mask"], power)
+        torch.testing.assert_close(packed, padded, msg=f"p={power}")
+        ups = torch.randn(len(padded))
+        (g_packed,) = torch.autograd.grad(packed, rr, ups)
+        (g_padded,) = torch.autograd.grad(padded, rr, ups)
+        torch.testing.assert_close(g_packed, g_padded, msg=f"p={power}")
     ref = x["old_logp"] - 0.3
     torch.testing.assert_close(
         sequence_kl(x["logp"][keep], ref[keep], p["mask"], cu_seqlens=cu),

@@ -56,6 +56,7 @@ PACKAGE_ROOTS = {
     "gmpo_tasks": ROOT,
     "studies": ROOT,
     "verl_cpu": ROOT,
+    "gmpo_kit": ROOT / "adapters",
     "gmpo_trl": ROOT / "adapters",
     "gmpo_verl": ROOT / "adapters",
 }

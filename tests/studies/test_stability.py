@@ -1,6 +1,6 @@
 """studies/stability: the group advantages, determinism of the warm start and the runs, and the
-schema of a ``--quick`` run's summary.json (the rules: tests/tasks/test_rules.py; the methods:
-tests/tasks/test_variants.py)."""
+schema of a ``--quick`` run's summary.json, the options' one-line refusals, and the run cache
+(the rules: tests/stats/test_rules.py; the variants: tests/variants/)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +15,19 @@ import numpy as np
 import pytest
 import torch
 
-from gmpo_tasks.variants import gmpo_method
+from gmpo_variants import Variant
+from gmpo_variants import registry as variant_registry
+from gmpo_variants.gmpo import gmpo_variant
 from studies.stability import __main__ as stability
-from studies.stability.methods import METHODS, Method
+from studies.stability import sweep as sweep_module
 from studies.stability.run import Setup, group_advantages, rl_run, warm_start
+from studies.stability.sweep import read_curves
+from tests._user_code import InlinePool, load_module, run_with_modules
 
 ROOT = Path(__file__).resolve().parents[2]
 
 RECORD_KEYS = {
-    "method": str, "lr": float, "seed": int, "grad_clip": (float, type(None)),
+    "variant": str, "lr": float, "seed": int, "grad_clip": (float, type(None)),
     "final_reward": float, "peak_reward": float, "collapsed": bool, "max_grad_norm": float,
     "log_ratio_min": float, "log_ratio_max": float, "entropy_end": float, "cpu_s": float,
 }  # fmt: skip
@@ -61,7 +64,7 @@ def test_quick_run_writes_the_summary_schema(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "studies.stability", "--quick", "--out", str(tmp_path)]
     subprocess.run(cmd, check=True, env=env, capture_output=True, timeout=300, cwd=ROOT)
     records = json.loads((tmp_path / "summary.json").read_text())
-    assert {(r["method"], r["seed"]) for r in records} == {
+    assert {(r["variant"], r["seed"]) for r in records} == {
         (m, s) for m in ("grpo", "gmpo") for s in (0, 1)
     }
     for r in records:
@@ -74,21 +77,21 @@ def test_quick_run_writes_the_summary_schema(tmp_path: Path) -> None:
     for heading in ("## Collapsed runs", "## Sign tests", "one-sided p", "## Cost"):
         assert heading in md
     assert (tmp_path / "stability.png").stat().st_size > 10_000
-    assert len((tmp_path / "curves.jsonl").read_text().splitlines()) == 4
+    assert len(read_curves(tmp_path)) == 4
     # a subset reruns from the cache: the same numbers, nothing recomputed
     sub = subprocess.run([*cmd, "--methods", "gmpo", "--seeds", "1"], check=True, env=env,
                          capture_output=True, text=True, timeout=300, cwd=ROOT)  # fmt: skip
     again = json.loads((tmp_path / "summary.json").read_text())
-    assert again == [r for r in records if (r["method"], r["seed"]) == ("gmpo", 1)]
+    assert again == [r for r in records if (r["variant"], r["seed"]) == ("gmpo", 1)]
     assert "0 s CPU computed" in sub.stdout
 
 
 # Regression, defect 13 of issue 25: duplicates were run once and counted many times, option
 # errors were tracebacks (or argparse's usage block), and --steps 0 failed after the warm start.
 REFUSED = {  # id: (arguments, the option the refusal names)
-    "duplicates": (["--seeds", "0,0", "--methods", "gmpo,gmpo"], "--methods"),
+    "duplicates": (["--seeds", "0,0", "--methods", "gmpo,gmpo"], "--variants"),
     "duplicate seed": (["--seeds", "1,0,1"], "--seeds"),
-    "duplicate method": (["--methods", "gmpo,grpo,gmpo"], "--methods"),
+    "duplicate variant": (["--methods", "gmpo,grpo,gmpo"], "--variants"),
     "duplicate lr": (["--lr", "5e-3,0.005"], "--lr"),
     "duplicate clip": (["--grad-clip", "none,None"], "--grad-clip"),
     "steps 0": (["--steps", "0"], "--steps"),
@@ -107,9 +110,18 @@ REFUSED = {  # id: (arguments, the option the refusal names)
     "setup bad number": (["--setup", "beta2=x"], "--setup"),
     "setup beta2 1": (["--setup", "beta2=1"], "--setup"),
     "setup noise 2": (["--setup", "noise=2"], "--setup"),
-    "method no module": (["--methods", "no_such_module_x:f"], "--methods"),
-    "method no function": (["--methods", "gmpo_tasks.variants:nope"], "--methods"),
-    "method unknown": (["--methods", "gmpo_wider"], "--methods"),
+    "variant no module": (["--methods", "no_such_module_x:f"], "--variants"),
+    "variant no function": (["--methods", "gmpo_variants.gmpo:nope"], "--variants"),
+    "variant unknown": (["--variants", "gmpo_wider"], "--variants"),
+    # issue 31, defect 6: values no run can use, refused before any warm start
+    "setup heads 0": (["--setup", "heads=0"], "--setup"),
+    "setup minibatches 0": (["--setup", "minibatches=0"], "--setup"),
+    "setup prompts 0": (["--setup", "prompts=0"], "--setup"),
+    "setup d 30, 4 heads": (["--setup", "d=30"], "--setup"),
+    "setup group 1": (["--setup", "group=1"], "--setup"),
+    "setup minibatches > batch": (["--setup", "minibatches=999"], "--setup"),
+    "setup warm_steps -1": (["--setup", "warm_steps=-1"], "--setup"),
+    "setup length 0": (["--setup", "length=0"], "--setup"),
 }  # fmt: skip
 
 
@@ -130,27 +142,6 @@ def test_cli_refusals_are_one_line_exit_2_before_the_warm_start(
     assert not out.exists()
 
 
-class _Inline:
-    """A ProcessPoolExecutor that runs every job at once in this process."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def __enter__(self) -> _Inline:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def map(self, fn: Any, *iterables: Any) -> list[Any]:
-        return list(map(fn, *iterables))
-
-    def submit(self, fn: Any, *args: Any) -> Future:
-        fut: Future = Future()
-        fut.set_result(fn(*args))
-        return fut
-
-
 @pytest.fixture
 def fake_sweep(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, float]]:
     """stability.sweep without workers and with stand-in jobs: a run's reward curve is its
@@ -160,13 +151,13 @@ def fake_sweep(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, float]]:
     def warm_job(setup: dict, seed: int, path: str) -> dict:
         return {"reward": 0.5, "entropy": 1.0, "cpu_s": 0.0}
 
-    def run_job(setup: dict, method: str, lr: float, clip: Any, seed: int, warm: str) -> dict:
-        computed.append((method, lr))
+    def run_job(setup: dict, variant: str, lr: float, clip: Any, seed: int, warm: str) -> dict:
+        computed.append((variant, lr))
         return {"curves": {"reward": [lr]}, "cpu_s": 0.0}
 
-    monkeypatch.setattr(stability, "ProcessPoolExecutor", _Inline)
-    monkeypatch.setattr(stability, "warm_job", warm_job)
-    monkeypatch.setattr(stability, "run_job", run_job)
+    monkeypatch.setattr(sweep_module, "ProcessPoolExecutor", InlinePool)
+    monkeypatch.setattr(sweep_module, "warm_job", warm_job)
+    monkeypatch.setattr(sweep_module, "run_job", run_job)
     return computed
 
 
@@ -197,7 +188,85 @@ def test_a_method_changed_under_its_name_is_recomputed(
     fake_sweep.clear()
     stability.sweep(args, Setup(steps=1))
     assert fake_sweep == []  # unchanged: every run from the cache
-    narrow = Method("GMPO, +-0.3", lambda lp, old, a, m: gmpo_method(lp, old, a, m, epsilon=0.3))
-    monkeypatch.setitem(METHODS, "gmpo", narrow)
+    narrow = Variant("gmpo", "GMPO, +-0.3",
+                     lambda lp, old, a, m: gmpo_variant(lp, old, a, m, epsilon=0.3))  # fmt: skip
+    monkeypatch.setitem(variant_registry._REGISTRY, "gmpo", narrow)
     stability.sweep(args, Setup(steps=1))
-    assert fake_sweep == [("gmpo", 1e-3)]  # the changed method only
+    assert fake_sweep == [("gmpo", 1e-3)]  # the changed variant only
+
+
+# Regression, issue 31, defect 5: a variant module that raises at import or does not parse
+# ended the study in a traceback of 26-29 lines.
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [("raise RuntimeError('boom')\n", "RuntimeError: boom"), ("def fn(:\n", "SyntaxError")],
+    ids=["raises", "syntax"],
+)
+def test_a_variant_module_that_fails_to_import_is_one_line(
+    source: str, message: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    argv = ["-m", "studies.stability", "--methods", "broken_variant_mod:fn", "--quick", "--out",
+            str(out)]  # fmt: skip
+    proc = run_with_modules(argv, tmp_path, {"broken_variant_mod": source})
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("python -m studies.stability: error: --variants: variant ")
+    assert message in proc.stderr and not out.exists()
+
+
+_HELPERS = "def loss(lp, old, a, m):\n    return ((lp - old) * a[:, None]).sum() * {}\n"
+_VARIANT = "import study_helpers_mod as helpers\n\ndef fn(lp, old, a, m):\n    return helpers.loss(lp, old, a, m)\n"
+_CALLABLE = (
+    "class Loss:\n    def __call__(self, lp, old, a, m):\n        return (lp - old).sum() * {}\n\n"
+    "fn = Loss()\n"
+)
+
+
+# Regression, issue 31, defect 7: a variant that calls a helper through a module attribute, or a
+# callable object whose __call__ changed, kept its fingerprint, and the cache reused stale runs.
+@pytest.mark.parametrize("kind", ["module attribute", "callable object"])
+def test_a_change_behind_a_module_attribute_or_a_call_is_recomputed(
+    kind: str, tmp_path: Path, fake_sweep: list[tuple[str, float]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = "study_variant_mod"
+
+    def define(factor: str) -> None:
+        if kind == "module attribute":
+            load_module(monkeypatch, tmp_path, "study_helpers_mod", _HELPERS.format(factor))
+            load_module(monkeypatch, tmp_path, name, _VARIANT)
+        else:
+            load_module(monkeypatch, tmp_path, name, _CALLABLE.format(factor))
+
+    define("1.0")
+    args = stability.parse([f"--methods={name}:fn", "--lr", "1e-3", "--grad-clip", "none",
+                            "--seeds", "0", "--out", str(tmp_path / "out")])  # fmt: skip
+    stability.sweep(args, Setup(steps=1))
+    assert fake_sweep == [(f"{name}:fn", 1e-3)]
+    fake_sweep.clear()
+    define("1.0")
+    stability.sweep(args, Setup(steps=1))
+    assert fake_sweep == []  # the same definition: from the cache
+    define("2.0")
+    stability.sweep(args, Setup(steps=1))
+    assert fake_sweep == [(f"{name}:fn", 1e-3)]  # the changed helper or __call__: recomputed
+
+
+_FINGERPRINTS = (
+    "import json\nfrom gmpo_variants import VARIANTS\n"
+    "from studies.stability.fingerprint import fingerprint\n"
+    "print(json.dumps({name: fingerprint(name) for name in sorted(VARIANTS)}))\n"
+)
+
+
+# Regression: the hosts' variants (dapo, gspo, cispo, sapo) read verl through an lru_cache'd
+# function, whose repr holds memory addresses; each process got another fingerprint, so a rerun of
+# the second study's grid recomputed every finished run of theirs instead of reusing it.
+def test_every_variants_fingerprint_is_the_same_in_every_process() -> None:
+    def fingerprints() -> dict[str, str]:
+        out = subprocess.run([sys.executable, "-c", _FINGERPRINTS], capture_output=True,
+                             text=True, check=True, env={**os.environ, "PYTHONHASHSEED": "random"})  # fmt: skip
+        return json.loads(out.stdout)
+
+    first, second = fingerprints(), fingerprints()
+    assert {"dapo", "gspo", "cispo", "sapo", "gmpo"} <= first.keys()
+    assert first == second

@@ -52,8 +52,8 @@ else:
 
 from gmpo_tasks.registry import TASKS
 from gmpo_tasks.reverse import ReverseTask
-from gmpo_tasks.rules import collapse
-from gmpo_tasks.variants import METHODS
+from gmpo_stats.outcome import collapse
+from gmpo_variants import VARIANTS
 from studies.stability.run import Setup, rl_run, warm_start
 
 task = ReverseTask(length=3)
@@ -63,7 +63,7 @@ setup = Setup(length=2, warm_steps=3, warm_batch=8, prompts=2, group=4, minibatc
 curves = rl_run(setup, warm_start(setup, 0), "gmpo", 5e-3, None, 0)
 print(json.dumps({
     "trl_absent": trl_absent, "metadata_absent": metadata_absent, "tasks": list(TASKS),
-    "rewards": rewards, "methods": sorted(METHODS), "steps": len(curves["reward"]),
+    "rewards": rewards, "variants": sorted(VARIANTS), "steps": len(curves["reward"]),
     "collapsed": collapse(curves["reward"]).collapsed,
     "trl_loaded": any(m == "trl" or m.startswith("trl.") for m in sys.modules),
 }))
@@ -83,8 +83,8 @@ def test_tasks_and_the_study_run_without_trl() -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["trl_absent"] and got["metadata_absent"] and not got["trl_loaded"]
-    assert got["tasks"] == ["successor", "reverse"] and got["rewards"] == [1.0] * 4
-    assert "gmpo" in got["methods"] and got["steps"] == 2 and got["collapsed"] in (True, False)
+    assert got["tasks"][:3] == ["successor", "reverse", "add"] and got["rewards"] == [1.0] * 4
+    assert "gmpo" in got["variants"] and got["steps"] == 2 and got["collapsed"] in (True, False)
 
 
 def test_the_adapter_does_need_trl() -> None:

@@ -121,9 +121,9 @@ def test_reward_and_dataset_options(tmp_path, monkeypatch):
         (["compare", "--resume_from_checkpoint", "true"],
          "--resume_from_checkpoint: gmpo compare does not resume"),
         # issue 27: a loss variant that does not resolve, or a setting it would drop
-        (["compare", "--variant", "nope"], "loss_variant: unknown method 'nope': choose from"),
+        (["compare", "--variant", "nope"], "loss_variant: unknown variant 'nope': choose from"),
         (["train", "--loss_variant", "no_such_module_xyz:f"],
-         "loss_variant: method 'no_such_module_xyz:f': No module named 'no_such_module_xyz'"),
+         "loss_variant: variant 'no_such_module_xyz:f': no module 'no_such_module_xyz' found"),
         (["compare", "--variant", "gmpo_narrow", "--beta", "0.04"],
          "beta=0.04 does not apply to loss_variant='gmpo_narrow': a variant has no KL term"),
         # issue 25, defect 12: YAML values of the wrong shape

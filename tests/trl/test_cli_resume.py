@@ -98,6 +98,21 @@ def test_resume_true_takes_the_last_checkpoint_and_replaces_later_rows(
     assert rows_of(out) == rows_of(straight)
 
 
+# Regression, issue 31 defect 1: the state file is written after TRL's own files, so a run
+# killed during its save leaves a checkpoint that --resume_from_checkpoint true picks, with an
+# empty gmpo_trainer_state_0.pt: resuming raised EOFError.
+def test_resume_true_past_an_empty_state_file(tmp_path, straight, counted_steps, recwarn):
+    out = tmp_path / "out"
+    shutil.copytree(straight, out)
+    shutil.rmtree(out / "checkpoint-4")
+    (out / "checkpoint-2" / "gmpo_trainer_state_0.pt").write_bytes(b"")
+    assert main(["train", "--output_dir", str(out), *RUN, "--resume_from_checkpoint", "true"]) == 0
+    assert counted_steps == [3, 4]
+    assert [r["step"] for r in rows_of(out)] == [1, 2, 3, 4]
+    given = [str(w.message) for w in recwarn if "gmpo_trl" in str(w.message)]
+    assert len(given) == 1 and "resuming as GRPOTrainer does" in given[0], given
+
+
 @pytest.mark.parametrize(
     ("value", "match"),
     [

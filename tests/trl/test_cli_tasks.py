@@ -10,7 +10,9 @@ import pytest
 
 pytest.importorskip("trl")
 
-from gmpo_tasks import reverse
+import dataclasses
+
+from gmpo_tasks import warm_start
 from gmpo_tasks.registry import TASKS
 from gmpo_tasks.reverse import ReverseTask
 from gmpo_tasks.warm_start import WarmStart
@@ -25,9 +27,12 @@ TINY = ["--max_steps", "2", "--logging_steps", "1"]
 
 @pytest.fixture
 def short_warm_start(monkeypatch):
-    """A 3-step warm start, and no warm start computed yet (they are cached per process)."""
-    monkeypatch.setattr(reverse, "WARM_START", WarmStart(steps=3))
-    monkeypatch.setattr(reverse, "_WARM_STATES", {})
+    """Every task with a 3-step warm start, and no warm start computed yet (they are cached per
+    process)."""
+    for name, task in TASKS.items():
+        if task.warm.steps:
+            monkeypatch.setitem(TASKS, name, dataclasses.replace(task, warm=WarmStart(steps=3)))
+    monkeypatch.setattr(warm_start, "_WARM_STATES", {})
 
 
 def test_train_reverse_end_to_end(tmp_path, capsys, short_warm_start):
@@ -95,7 +100,7 @@ def test_unknown_task_is_one_line(tmp_path, capsys, where):
 
 
 def test_a_run_is_judged_for_collapse_from_40_logged_rewards():
-    """run_summary applies gmpo_tasks.rules.collapse (tests/tasks/test_rules.py) to runs with at
+    """run_summary applies gmpo_stats.collapse (tests/tasks/test_rules.py) to runs with at
     least 2 x 20 logged rewards, and says nothing of shorter ones."""
 
     def rows(curve):
@@ -125,7 +130,7 @@ def test_compare_table_counts_collapsed_runs():
 
 
 def test_reverse_task_is_the_study_task():
-    assert list(TASKS) == ["successor", "reverse"]  # the first is the default
+    assert list(TASKS)[:3] == ["successor", "reverse", "add"]  # the first is the default
     prompts = ReverseTask().prompts(4, seed="train:0")
     assert TASKS["reverse"].dataset(0)["prompt"][:4] == prompts
 
@@ -146,8 +151,8 @@ def no_warm_start(monkeypatch):
     def refuse(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise WarmStartRan
 
-    monkeypatch.setattr(reverse, "warm_start_hf", refuse)
-    monkeypatch.setattr(reverse, "_WARM_STATES", {})
+    monkeypatch.setattr(warm_start, "warm_start_hf", refuse)
+    monkeypatch.setattr(warm_start, "_WARM_STATES", {})
 
 
 @pytest.mark.parametrize("command", ["train", "compare"])
@@ -199,12 +204,14 @@ class _Built:
 def test_use_vllm_builds_the_task_model_with_heads_vllm_takes(
     tmp_path, short_warm_start, name, use_vllm
 ):
-    """``--use_vllm`` without ``--model``: the built-in model with ``runs.VLLM_HEADS`` heads, each
-    of 32 (the smallest head_dim vLLM's CPU attention takes); without it, 4 heads."""
+    """``--use_vllm`` without ``--model``: the built-in model with the task's ``vllm_heads``, each
+    of 32 (the smallest head_dim vLLM's CPU attention takes); without it, its ``heads``."""
     script = type("Script", (), {"task": name, "reward": [], "dataset": None, "model": None})()
     config = type("Config", (), {"output_dir": str(tmp_path), "seed": 0, "use_vllm": use_vllm})()
-    model = runs.build_trainer(script, config, _Built).model
+    task = TASKS[name]
+    plan = runs.Plan(script, config, task, (task.reward,), dataset=None, variant=None)
+    model = runs.build_trainer(plan, config, _Built).model
     heads = model.config.num_attention_heads
-    assert heads == (runs.VLLM_HEADS[name] if use_vllm else 4)
+    assert heads == (TASKS[name].vllm_heads if use_vllm else TASKS[name].heads)
     if use_vllm:
         assert model.config.hidden_size // heads == 32

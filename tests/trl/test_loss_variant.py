@@ -1,4 +1,4 @@
-"""``GMPOConfig.loss_variant`` (issue 27): a loss of ``gmpo_tasks.variants`` by name or
+"""``GMPOConfig.loss_variant`` (issue 27): a loss of ``gmpo_variants`` by name or
 ``module:function`` in place of gmpo_core's loss in GMPOTrainer's loss step, the settings it
 refuses, and ``gmpo compare --variant`` end to end on the toy task.
 
@@ -16,9 +16,10 @@ pytest.importorskip("trl")
 
 import torch
 
-from gmpo_tasks.variants import METHODS, gmpo_method
 from gmpo_trl import GMPOConfig, GMPOTrainer
 from gmpo_trl.trainer import completion_tokens
+from gmpo_variants import VARIANTS
+from gmpo_variants.gmpo import gmpo_variant as gmpo_method
 from tests.trl._support import (
     TOKENIZER,
     assert_same,
@@ -39,8 +40,13 @@ def half_gmpo(logp, old_logp, advantages, mask):
 
 
 def no_fraction(logp, old_logp, advantages, mask):
-    """A function of the wrong signature's result: the loss alone."""
+    """The loss alone, as every recipe of docs/recipes.md returns it."""
     return gmpo_method(logp, old_logp, advantages, mask)[0]
+
+
+def per_row(logp, old_logp, advantages, mask):
+    """A result of the wrong shape: a loss per row."""
+    return (logp - old_logp).sum(-1)
 
 
 def _direct(trainer, inputs, fn):
@@ -72,7 +78,7 @@ def test_variant_loss_step_is_its_function(tmp_path, name):
     trainer = make_trainer(tmp_path, loss_variant=name)
     inputs = make_inputs(trainer, drift=0.5)
     loss, grad = loss_and_grad(trainer, inputs)
-    fn = METHODS[name].loss if name in METHODS else half_gmpo
+    fn = VARIANTS[name].loss if name in VARIANTS else half_gmpo
     want, clipped, want_grad = _direct(trainer, inputs, fn)
     assert_same(loss.detach(), want)
     assert_same(grad, want_grad)
@@ -104,12 +110,12 @@ GMPO_AS_VARIANT = {
 
 @pytest.mark.parametrize("case", list(GMPO_AS_VARIANT))
 def test_gmpo_method_as_module_function_is_the_default_gmpo(tmp_path, case):
-    """``gmpo_tasks.variants:gmpo_method`` (``gmpo_loss`` at its defaults) through the variant
+    """``gmpo_variants.gmpo:gmpo_variant`` (``gmpo_loss`` at its defaults) through the variant
     hook gives the default GMPOTrainer's loss and gradient (to assert_same's float tolerance),
     with the masks and host terms the hook leaves to the trainer; its clipped fraction is the
     core's ``clip_ratio/region_mean``, and the range and entropy are the same."""
     config, spec = GMPO_AS_VARIANT[case]
-    variant = make_trainer(tmp_path, loss_variant="gmpo_tasks.variants:gmpo_method", **config)
+    variant = make_trainer(tmp_path, loss_variant="gmpo_variants.gmpo:gmpo_variant", **config)
     default = make_trainer(tmp_path, **config)
     inputs = inputs_of(default, spec)
     loss, grad = loss_and_grad(variant, inputs)
@@ -126,11 +132,12 @@ def test_gmpo_method_as_module_function_is_the_default_gmpo(tmp_path, case):
 
 
 REFUSED = [
-    ({"loss_variant": "nope"}, "loss_variant: unknown method 'nope': choose from ['grpo',"),
+    ({"loss_variant": "nope"}, "loss_variant: unknown variant 'nope': choose from grpo,"),
     ({"loss_variant": "no_such_module_xyz:f"},
-     "loss_variant: method 'no_such_module_xyz:f': No module named 'no_such_module_xyz'"),
-    ({"loss_variant": "gmpo_tasks.variants:WIDE"},
-     "loss_variant: method 'gmpo_tasks.variants:WIDE' is neither a Method nor a function"),
+     "loss_variant: variant 'no_such_module_xyz:f': no module 'no_such_module_xyz' found"),
+    ({"loss_variant": "gmpo_variants.grpo:WIDE"},
+     "loss_variant: variant 'gmpo_variants.grpo:WIDE' is float, not a function"),
+    ({"loss_variant": 5}, "loss_variant: a variant is a name or module:function, got int 5"),
     ({"epsilon": 0.3}, "epsilon=0.3 does not apply to loss_variant='gmpo_narrow': the variant's"),
     ({"epsilon_high": 0.5}, "epsilon_high=0.5 does not apply to loss_variant='gmpo_narrow'"),
     ({"delta": 1.5}, "delta=1.5 does not apply to loss_variant='gmpo_narrow'"),
@@ -173,9 +180,23 @@ def test_trainer_refuses_a_field_set_after_construction(tmp_path):
                     args=args, train_dataset=successor_dataset(), processing_class=TOKENIZER)  # fmt: skip
 
 
-def test_a_result_that_is_not_loss_and_fraction_is_an_error(tmp_path):
+def test_a_variant_that_returns_the_loss_alone_trains_with_an_unknown_clip_fraction(tmp_path):
+    """Issue 31, defect 10: was ``TypeError: ... must return (loss, clipped fraction)``."""
     trainer = make_trainer(tmp_path, loss_variant="tests.trl.test_loss_variant:no_fraction")
-    with pytest.raises(TypeError, match="must return \\(loss, clipped fraction\\), two 0-d"):
+    default = make_trainer(tmp_path)
+    inputs = inputs_of(default, {"drift": 0.5})
+    loss, grad = loss_and_grad(trainer, inputs)
+    want, want_grad = loss_and_grad(default, inputs)
+    assert_same(loss, want)
+    assert_same(grad, want_grad)
+    got = last_metrics(trainer)
+    assert got["variant/clip_ratio"] != got["variant/clip_ratio"]  # NaN: unknown
+    assert got["log_ratio/max"] == pytest.approx(last_metrics(default)["log_ratio/max"], rel=1e-6)
+
+
+def test_a_result_of_another_shape_names_the_signature(tmp_path):
+    trainer = make_trainer(tmp_path, loss_variant="tests.trl.test_loss_variant:per_row")
+    with pytest.raises(TypeError, match=r"must be loss\(logp, old_logp, advantages, mask\) -> "):
         loss_and_grad(trainer, make_inputs(trainer, drift=0.5))
 
 
@@ -202,7 +223,7 @@ def test_compare_variant_end_to_end(tmp_path, capsys):
     from gmpo_trl.cli import main
     from gmpo_trl.cli.reports import read_metrics
 
-    label = METHODS["gmpo_narrow"].label
+    label = VARIANTS["gmpo_narrow"].label
     argv = ["compare", "--variant", "gmpo_narrow", "--output_dir", str(tmp_path),
             "--max_steps", "2"]  # fmt: skip
     assert main(argv) == 0
@@ -220,3 +241,39 @@ def test_compare_variant_end_to_end(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "gmpo compare (GMPO variant gmpo_narrow, seed 0)" in out
     assert "max clipped fraction (variant)" in out
+
+
+# Regression, issue 31, defect 4: a loss variant whose module raises at import or does not parse,
+# or a YAML value that is not a name, ended in a 37-line traceback and exit 1.
+@pytest.mark.parametrize(
+    ("command", "source", "message"),
+    [
+        ("train", "raise RuntimeError('boom')\n",
+         "variant 'cli_variant_mod:fn': importing 'cli_variant_mod' failed: RuntimeError: boom"),
+        ("compare", "def fn(:\n",
+         "variant 'cli_variant_mod:fn': importing 'cli_variant_mod' failed: SyntaxError: "),
+    ],
+)  # fmt: skip
+def test_a_variant_module_that_fails_is_one_line_exit_2(tmp_path, command, source, message):
+    from tests._user_code import run_with_modules
+
+    option = "--loss_variant" if command == "train" else "--variant"
+    argv = ["-m", "gmpo_trl.cli", command, option, "cli_variant_mod:fn", "--output_dir",
+            str(tmp_path / "out")]  # fmt: skip
+    proc = run_with_modules(argv, tmp_path, {"cli_variant_mod": source})
+    err = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(err) == 1, proc.stderr
+    assert err[0].startswith(f"gmpo {command}: error: loss_variant: ") and message in err[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_yaml_loss_variant_that_is_not_a_name_is_one_line(tmp_path, capsys):
+    from gmpo_trl.cli import main
+
+    config = tmp_path / "run.yaml"
+    config.write_text("loss_variant: 5\n")
+    argv = ["train", "--config", str(config), "--output_dir", str(tmp_path / "out")]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "gmpo train: error: loss_variant: a variant is a name or module:function, got int 5"
+    ]

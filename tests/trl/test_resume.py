@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import warnings
 
 import pytest
 
@@ -119,3 +120,36 @@ def test_the_controller_state_matters_to_the_comparison(tmp_path, straight):
     got = step_rows(resumed)
     assert got[2]["entropy_coef"] != rows[2]["entropy_coef"]
     assert got[2]["loss"] != rows[2]["loss"]
+
+
+# Regression, issue 31 defect 1: an empty gmpo_trainer_state_0.pt (a kill during its save, a full
+# disk) raised EOFError on resuming, other bytes an error of the unpickler.
+@pytest.mark.parametrize("content", [b"", b"eeek, not a checkpoint" * 5], ids=["empty", "garbage"])
+def test_an_unreadable_state_file_resumes_as_grpo_trainer(tmp_path, straight, content):
+    """checkpoint-2 inside a buffer with its state file unreadable: steps 3-4 train as from
+    the same checkpoint without the file (GRPOTrainer's resume: rollouts regenerated at step
+    3), with one warning."""
+    _, _, checkpoint = straight("mid-buffer")
+    runs = {}
+    for case in ("without", "unreadable"):
+        copy = tmp_path / case / "checkpoint-2"
+        shutil.copytree(checkpoint, copy)
+        state = copy / "gmpo_trainer_state_0.pt"
+        if case == "without":
+            state.unlink()
+        else:
+            state.write_bytes(content)
+        resumed = make_trainer(
+            tmp_path / case / "out", reward=spread_reward, **CONFIG, **LAYOUTS["mid-buffer"]
+        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            resumed.train(resume_from_checkpoint=str(copy))
+        given = [str(w.message) for w in caught if "gmpo_trl" in str(w.message)]
+        runs[case] = (step_rows(resumed), weights(resumed), given)
+    assert runs["without"][2] == []
+    assert len(runs["unreadable"][2]) == 1, runs["unreadable"][2]
+    assert [r["step"] for r in runs["unreadable"][0]] == [1, 2, 3, 4]
+    assert runs["unreadable"][0] == runs["without"][0]
+    for name, value in runs["without"][1].items():
+        assert torch.equal(runs["unreadable"][1][name], value), name

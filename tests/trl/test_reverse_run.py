@@ -1,5 +1,5 @@
-"""gmpo_tasks.reverse: the reverse task's model, warm start, dataset and trainer arguments,
-and one rollout of GMPOTrainer on it (16 optimizer steps on one generation)."""
+"""gmpo_tasks.reverse through ``Task``: the reverse task's model, warm start, dataset and trainer
+arguments, and one rollout of GMPOTrainer on it (16 optimizer steps on one generation)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,9 @@ import pytest
 
 pytest.importorskip("trl")
 
-from gmpo_tasks.reverse import (
-    ReverseTask,
-    reverse_args,
-    reverse_dataset,
-    reverse_model,
-    reward,
-    warm_model,
-)
+import dataclasses
+
+from gmpo_tasks.reverse import ReverseTask, reward
 from gmpo_tasks.warm_start import WarmStart, sampled_reward
 from gmpo_tasks.warm_start import warm_start_hf as warm_start
 from gmpo_trl import GMPOConfig, GMPOTrainer
@@ -24,6 +19,21 @@ from gmpo_trl import GMPOConfig, GMPOTrainer
 pytestmark = pytest.mark.trl
 
 TASK = ReverseTask(length=4)
+UPDATES = 16  # optimizer steps a rollout: minibatches x epochs
+
+
+def reverse_model(task: ReverseTask, seed: int):  # type: ignore[no-untyped-def]
+    """(tokenizer, model) of the task, untrained."""
+    model, tok = dataclasses.replace(task, warm=WarmStart(steps=0)).model(seed)
+    return tok, model
+
+
+def warm_model(task: ReverseTask, seed: int, settings: WarmStart):  # type: ignore[no-untyped-def]
+    return dataclasses.replace(task, warm=settings).model(seed)
+
+
+def reverse_args(out: str, task: ReverseTask, rollouts: int, **kw):  # type: ignore[no-untyped-def]
+    return task.trainer_args(out, max_steps=rollouts * UPDATES, **kw)
 
 
 def test_warm_start_learns_the_demonstrations_and_is_seeded() -> None:
@@ -44,8 +54,9 @@ def test_warm_start_learns_the_demonstrations_and_is_seeded() -> None:
 
 
 def test_dataset_and_arguments_give_the_study_setting(tmp_path: Path) -> None:
-    data = reverse_dataset(TASK, 32, seed=0)
-    assert data.column_names == ["prompt"] and data["prompt"] == reverse_dataset(TASK, 32)["prompt"]
+    data = TASK.dataset(0, n=32)
+    assert data.column_names == ["prompt"] and data["prompt"] == TASK.dataset(0, n=32)["prompt"]
+    assert data["prompt"] != TASK.dataset(1, n=32)["prompt"]
     args = GMPOConfig(**reverse_args(str(tmp_path), TASK, rollouts=3))
     assert args.generation_batch_size == 128 and args.num_generations == 8  # 16 prompts x 8
     assert args.steps_per_generation * args.num_iterations == 16  # optimizer steps a rollout
@@ -61,7 +72,7 @@ def test_one_rollout_of_gmpo_on_the_task(tmp_path: Path) -> None:
         model=model,
         reward_funcs=reward,
         args=args,
-        train_dataset=reverse_dataset(TASK, 64),
+        train_dataset=TASK.dataset(0, n=64),
         processing_class=tok,
     )
     trainer.train()

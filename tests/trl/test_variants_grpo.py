@@ -1,4 +1,4 @@
-"""The stability study's ``grpo`` and ``grpo_wide`` (gmpo_tasks.variants) are TRL's
+"""The variants ``grpo`` and ``grpo_wide`` (gmpo_variants.grpo) are TRL's
 ``loss_type="grpo"``: same loss and same gradient as GRPOTrainer's own loss step on one batch.
 
 TRL's side runs ``GRPOTrainer._compute_loss`` (its code path, not a transcription of it) on
@@ -17,7 +17,7 @@ pytest.importorskip("trl")
 
 import torch
 
-from gmpo_tasks.variants import METHODS
+from gmpo_variants import VARIANTS
 from tests.trl._support import GRPOConfig, GRPOTrainer, loss_and_grad, make_inputs, make_trainer
 
 pytestmark = pytest.mark.trl
@@ -28,10 +28,10 @@ EPSILONS = {
 }
 
 
-@pytest.mark.parametrize("method", sorted(EPSILONS))
-def test_study_grpo_is_trl_grpo(tmp_path: Path, method: str) -> None:
+@pytest.mark.parametrize("variant", sorted(EPSILONS))
+def test_study_grpo_is_trl_grpo(tmp_path: Path, variant: str) -> None:
     trainer = make_trainer(
-        tmp_path, GRPOTrainer, GRPOConfig, loss_type="grpo", beta=0.0, **EPSILONS[method]
+        tmp_path, GRPOTrainer, GRPOConfig, loss_type="grpo", beta=0.0, **EPSILONS[variant]
     )
     inputs = make_inputs(trainer, seed=1, rows=8, length=6, drift=0.5, zero_advantage=True)
     trl_loss, trl_grad = loss_and_grad(trainer, inputs)
@@ -43,7 +43,7 @@ def test_study_grpo_is_trl_grpo(tmp_path: Path, method: str) -> None:
     logps = trainer._get_per_token_logps_and_entropies(
         model, ids, attn, inputs["completion_ids"].size(1)
     )[0]
-    loss, clipped = METHODS[method].loss(
+    loss, clipped = VARIANTS[variant].loss(
         logps, inputs["old_per_token_logps"], inputs["advantages"], inputs["completion_mask"]
     )
     loss.backward()
@@ -53,7 +53,7 @@ def test_study_grpo_is_trl_grpo(tmp_path: Path, method: str) -> None:
     torch.testing.assert_close(loss.detach(), trl_loss, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(grad, trl_grad, rtol=1e-4, atol=1e-7)
     # the check can fail: GRPO at another clip width gives another loss on this batch
-    other = METHODS["grpo_wide" if method == "grpo" else "grpo"].loss(
+    other = VARIANTS["grpo_wide" if variant == "grpo" else "grpo"].loss(
         logps.detach(), inputs["old_per_token_logps"], inputs["advantages"],
         inputs["completion_mask"],
     )[0]  # fmt: skip

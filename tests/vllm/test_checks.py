@@ -39,8 +39,15 @@ def build(tmp_path, model, **overrides):
 
 
 def test_vllm_runs_on_the_cpu_here():
-    assert vllm_cpu.vllm_on_cpu()
-    assert vllm_cpu.cpu_head_dims() == vllm_cpu.CPU_HEAD_DIMS  # vLLM 0.32's own list
+    """What the checks know without importing vLLM is what vLLM says: its platform is the CPU,
+    and CPU_HEAD_DIMS is the installed vLLM's own list of head sizes."""
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    assert vllm_cpu.vllm_on_cpu() and current_platform.is_cpu()
+    assert vllm_cpu._version() == vllm_cpu.TESTED_VLLM
+    assert tuple(CPUAttentionBackend.get_supported_head_sizes()) == vllm_cpu.CPU_HEAD_DIMS
+    assert vllm_cpu.cpu_head_dims() == vllm_cpu.CPU_HEAD_DIMS
 
 
 def test_head_dim_refused(tmp_path, no_engine):
@@ -84,7 +91,7 @@ def test_vllm_not_installed_refused(tmp_path, monkeypatch, no_engine):
     ("extra", "match"),
     [
         (["--vllm_mode", "server"], "vllm_mode='server' needs CUDA"),
-        (["--model", "MODEL8"], "its head_dim is 8 (hidden_size / num_attention_heads)"),
+        (["--model", "MODEL8"], "its head_dim is 8 (hidden_size 32 / num_attention_heads 4)"),
     ],
     ids=["server", "head_dim"],
 )

@@ -58,7 +58,7 @@ def trl_ratio(old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor, mod
 
 def run_loss_step(trainer: Any, inputs: dict[str, Any], monkeypatch: Any) -> dict[str, Any]:
     """One training loss step; the arguments and result of the gmpo_loss call it made."""
-    import gmpo_trl.trainer as module
+    import gmpo_kit.kl as module  # the trainer's loss step calls gmpo_loss there
 
     calls: list[dict[str, Any]] = []
     inner = module.gmpo_loss

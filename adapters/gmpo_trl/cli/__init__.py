@@ -18,7 +18,6 @@ Ctrl-C stops a run with its metrics, plot and summary of the steps done, and exi
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 from collections.abc import Sequence
@@ -26,13 +25,14 @@ from collections.abc import Sequence
 from gmpo_trl.cli.commands import COMMANDS, USAGE
 from gmpo_trl.cli.errors import CLIError, Interrupted
 
-# The package: ``commands`` (the command registry), ``arguments`` (each command's own arguments),
-# ``defaults`` (the defaults of a run; no TRL import), ``help`` (``--help`` from those tables),
-# ``parsing`` (argv and --config to a ``Parsed``, once), ``checks`` (model, dataset, rewards,
-# counts, output directory: before any work), ``runs`` (the trainer of one run and its outputs),
-# ``callbacks``, ``reports`` and ``plots`` (pure functions of the logged rows), and one module per
-# command, ``train`` and ``compare``, each with its ``main(parsed)``. The built-in tasks are
-# ``gmpo_tasks.registry.TASKS``.
+# The package: ``commands`` (the command list), ``base`` (what a command is: an object with its
+# arguments and its ``run(parsed)``), one module per command (``train``, ``compare``),
+# ``arguments`` (each command's own arguments), ``defaults`` (the defaults of a run; no TRL
+# import), ``help`` (``--help`` from those tables), ``parsing`` (argv and --config to a
+# ``runs.Parsed``, once), ``runs`` (a run's plan, built and checked once, its trainer and its
+# outputs), ``checks`` (model, dataset, rewards, counts, output directory: before any work),
+# ``callbacks``, ``reports`` and ``plots`` (pure functions of the logged rows). The built-in
+# tasks are ``gmpo_tasks.registry.TASKS``.
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -82,7 +82,7 @@ def _main(argv: list[str]) -> int:
     from gmpo_trl.cli.parsing import parse
 
     try:
-        importlib.import_module(COMMANDS[command].module).main(parse(command, rest))
+        COMMANDS[command].run(parse(command, rest))
     except CLIError as err:
         print(f"gmpo {command}: error: {err}", file=sys.stderr)
         return 2

@@ -7,11 +7,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gmpo_tasks.registry import TASKS
+from gmpo_trl.cli.comparators import COMPARATORS, DEFAULT_AGAINST
 
 
 def _task_help() -> str:
     choices = " or ".join(f"{name!r} ({task.about})" for name, task in TASKS.items())
-    return f"The built-in task, for what --model, --dataset or --reward does not name: {choices}."
+    settings: dict[str, list[str]] = {}
+    extras: dict[str, list[str]] = {}
+    for name, task in TASKS.items():
+        if task.setting():
+            settings.setdefault(task.setting(), []).append(name)
+        if task.requires:
+            extras.setdefault(f"{task.requires.replace('_', '-')} (gmpo[{task.extra}])", []).append(
+                name
+            )
+    runs = [f"Without --model, {', '.join(names)}: {s}." for s, names in settings.items()]
+    needs = [f"{', '.join(names)} come from {source}." for source, names in extras.items()]
+    return " ".join(
+        [f"The built-in task, for what --model, --dataset or --reward does not name: {choices}.",
+         *runs, *needs]
+    )  # fmt: skip
 
 
 @dataclass
@@ -57,4 +72,11 @@ class CompareArguments(ScriptArguments):
     seeds: int = field(
         default=1,
         metadata={"help": "Train each method on this many seeds (seed, seed + 1, ...)."},
+    )
+    against: str = field(
+        default=DEFAULT_AGAINST,
+        metadata={
+            "help": f"Losses to train beside GMPO, comma-separated: {', '.join(COMPARATORS)}, "
+            "each by TRL's GRPOTrainer (settings: docs/losses.md)."
+        },
     )

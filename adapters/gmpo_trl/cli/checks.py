@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from gmpo_tasks.registry import get_task
+from gmpo_tasks.task import Task
+from gmpo_trl.cli.comparators import COMPARATORS
 from gmpo_trl.cli.errors import CLIError
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
@@ -86,9 +88,10 @@ def resolve_reward(spec: str) -> Callable[..., Any]:
 
 
 def load_dataset(spec: str, split: str) -> Any:
+    """The dataset ``spec`` names (which :func:`check_dataset` accepted), with a 'prompt'
+    column."""
     import datasets
 
-    check_dataset(spec)
     path = Path(spec).expanduser()
     try:
         if path.is_file():
@@ -104,18 +107,22 @@ def load_dataset(spec: str, split: str) -> Any:
     return data
 
 
-def check_inputs(script: Any) -> None:
-    """What the user named (task, model, dataset, rewards) before any work is done."""
-    try:  # the command line's choices; a --config file's value lands here
-        get_task(script.task)
+def check_task(name: object) -> Task:
+    """``--task``'s task (the command line's choices; a --config file's value lands here)."""
+    try:
+        return get_task(name)  # its extra too (reasoning-gym's tasks)
     except ValueError as err:
         raise CLIError(str(err)) from err
+
+
+def check_inputs(script: Any) -> list[Callable[..., Any]]:
+    """What the user named (model, dataset, rewards), before any work is done: each checked
+    once; returns the reward functions (none where ``--reward`` is not given)."""
     if script.model is not None:
         check_model(script.model)
     if script.dataset is not None:
         check_dataset(script.dataset)
-    for spec in script.reward:
-        resolve_reward(spec)
+    return [resolve_reward(spec) for spec in script.reward]
 
 
 #: TrainingArguments / GRPOConfig counts that TRL takes as given (0 ends in a ZeroDivisionError
@@ -234,17 +241,37 @@ def check_grpo_epsilon(value: Any) -> float:
     return float(value)
 
 
-def check_task_lengths(script: Any, config: Any, command: str) -> None:
+def check_against(value: Any, grpo_epsilon_set: bool) -> list[str]:
+    """``gmpo compare --against``: the names, comma-separated (or a YAML list), each one of
+    :data:`~gmpo_trl.cli.comparators.COMPARATORS`, none twice; ``--grpo_epsilon`` (set by the
+    user) only with ``grpo`` among them."""
+    choices = ", ".join(COMPARATORS)
+    parts = value.split(",") if isinstance(value, str) else value
+    if not isinstance(parts, list | tuple) or not all(isinstance(p, str) for p in parts):
+        raise CLIError(f"--against: give loss names, comma-separated, from {choices}; got "
+                       f"{value!r}")  # fmt: skip
+    names = [p.strip() for p in parts]
+    for name in names:
+        if name not in COMPARATORS:
+            raise CLIError(f"--against: unknown loss {name!r} (choose from {choices})")
+    if not names or len(set(names)) != len(names):
+        raise CLIError(f"--against: give each loss once, from {choices}; got {value!r}")
+    if grpo_epsilon_set and "grpo" not in names:
+        raise CLIError("--grpo_epsilon is GRPO's clip: add grpo to --against, or leave it out")
+    return names
+
+
+def check_task_lengths(
+    task: Task, lengths: tuple[int, int, int] | None, config: Any, script: Any, command: str
+) -> None:
     """A built-in model with a fixed number of positions (the reverse task's: learned
     positions) holds the prompt and the longest completion (beyond, generation ends in an
     IndexError after the warm start); a completion shorter than the task's answer cannot earn
-    its reward: a warning."""
-    if script.model is not None or script.dataset is not None:
+    its reward: a warning. ``lengths``: the task's (:meth:`gmpo_tasks.task.Task.lengths`), for
+    a run on the task's model and dataset."""
+    if lengths is None:
         return
-    task = get_task(script.task)
-    if task.lengths is None:
-        return
-    prompt, positions, answer = task.lengths()
+    prompt, positions, answer = lengths
     n = config.max_completion_length
     if n is not None and prompt + n > positions:
         raise CLIError(

@@ -1,10 +1,13 @@
-"""``gmpo compare``: GRPO (TRL, ratio clip 1 ± grpo_epsilon) and GMPO on the same task and seeds,
-with a plot and a table of the token log-ratio range and the reward.
+"""``gmpo compare``: GMPO and the losses of ``--against`` (TRL's own ``GRPOTrainer`` with each one's
+``loss_type``, :mod:`gmpo_trl.cli.comparators`; by default GRPO, ratio clip 1 ± grpo_epsilon) on
+the same task, model and seeds, with a plot and a table of the token log-ratio range and the
+reward; with other losses than GRPO alone, each one's wins and losses against GMPO on the same
+seeds, with a sign test, and its failed runs.
 
-Both configs come from one parse (:class:`~gmpo_trl.cli.parsing.Parsed`): GMPO's is
-``GMPOConfig`` of the user's values; GRPO's is ``GRPOConfig`` of the same values (its own fields
-only, so GMPO-only options such as ``gmpo_impl`` do not reach it, and its defaults are
-GRPOConfig's) with GRPO's loss and clip forced.
+Every config comes from one parse, in one plan (:func:`~gmpo_trl.cli.runs.build_plan`): GMPO's
+is ``GMPOConfig`` of the user's values; each other's is ``GRPOConfig`` of the same values (its
+own fields only, so GMPO-only options such as ``gmpo_impl`` do not reach it, and its defaults are
+GRPOConfig's) with its loss settings forced.
 """
 
 from __future__ import annotations
@@ -13,84 +16,132 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gmpo_tasks.rules import DROP, WINDOW
-from gmpo_trl.cli.checks import check_grpo_epsilon, check_inputs, check_task_lengths, check_vllm
+from gmpo_stats.outcome import DROP, WINDOW
+from gmpo_trl.cli.arguments import CompareArguments
+from gmpo_trl.cli.base import Command
+from gmpo_trl.cli.checks import check_against, check_grpo_epsilon
+from gmpo_trl.cli.comparators import COMPARATORS, DEFAULT_AGAINST
 from gmpo_trl.cli.errors import CLIError
-from gmpo_trl.cli.parsing import Parsed
 from gmpo_trl.cli.plots import log_clip_range, plot_compare
-from gmpo_trl.cli.reports import FINAL_STEPS, JUDGED_FROM, compare_table
-from gmpo_trl.cli.runs import interruptible, quiet, run, stop_if_interrupted
+from gmpo_trl.cli.reports import FINAL_STEPS, JUDGED_FROM, against_table, compare_table, outcome
+from gmpo_trl.cli.runs import Parsed, Plan, build_plan, interruptible, run, stop_if_interrupted
 
 
-def configs(parsed: Parsed) -> tuple[Any, Any]:
-    """``(GRPOConfig, GMPOConfig)`` of a parsed ``gmpo compare`` command line."""
-    from trl import GRPOConfig
-
-    from gmpo_trl import GMPOConfig
-
-    gmpo = parsed.config(GMPOConfig)
-    if parsed.script.seeds < 1:
-        raise CLIError(f"--seeds must be at least 1, got {parsed.script.seeds}")
-    if gmpo.resume_from_checkpoint not in (None, False, "false", "False"):
+def compare_plan(parsed: Parsed) -> Plan:
+    """The plan of a parsed ``gmpo compare`` command line, its comparators' configs in it."""
+    script = parsed.script
+    if script.seeds < 1:
+        raise CLIError(f"--seeds must be at least 1, got {script.seeds}")
+    if parsed.values.get("resume_from_checkpoint") not in (None, False, "false", "False"):
         raise CLIError(
             "--resume_from_checkpoint: gmpo compare does not resume (it trains a run per method "
             "and seed); resume one run with gmpo train --resume_from_checkpoint"
         )
-    epsilon = check_grpo_epsilon(parsed.script.grpo_epsilon)
-    check_inputs(parsed.script)
-    check_task_lengths(parsed.script, gmpo, "compare")
-    check_vllm(parsed.script, gmpo)
-    grpo = parsed.config(GRPOConfig, loss_type="grpo", epsilon=epsilon, epsilon_high=None)
-    return grpo, gmpo
+    names = check_against(script.against, "grpo_epsilon" in parsed.set_by_user)
+    epsilon = check_grpo_epsilon(script.grpo_epsilon)
+    forced = {name: dict(COMPARATORS[name].settings) for name in names}
+    if "grpo" in forced:
+        forced["grpo"]["epsilon"] = epsilon
+    return build_plan(parsed, resumable=False, comparators=forced)
 
 
-def gmpo_settings(config: Any) -> str:
+def configs(parsed: Parsed) -> tuple[Any, Any]:
+    """``(GRPOConfig of the first --against loss, GMPOConfig)`` of a parsed ``gmpo compare``
+    command line (by default GRPO's)."""
+    plan = compare_plan(parsed)
+    return next(iter(plan.comparators.values())), plan.config
+
+
+def gmpo_settings(config: Any, variant: Any) -> str:
     """What ran as GMPO: its log-space clip, or the loss variant (``loss_variant``) by name and
     label."""
-    if config.loss_variant is None:
-        return f"log-space clip [-{config.epsilon}, {config.epsilon_high or config.epsilon}]"
-    from gmpo_tasks.variants import resolve
+    from gmpo_core.options import upper
 
-    return f"loss variant {config.loss_variant!r} ({resolve(config.loss_variant).label})"
+    if variant is None:
+        return f"log-space clip [-{config.epsilon}, {upper(config.epsilon, config.epsilon_high)}]"
+    return f"loss variant {config.loss_variant!r} ({variant.label})"
 
 
-def main(parsed: Parsed) -> Path:
-    """``gmpo compare``: GRPO, then GMPO, on each seed; returns the output directory."""
-    from gmpo_trl import GMPOTrainer
-    from gmpo_trl.grpo_range import RangeLoggingGRPOTrainer
+def _forced(name: str, config: Any) -> str:
+    """The loss settings a comparator ran with, read back from its config."""
+    return ", ".join(f"{k}={getattr(config, k)!r}" for k in COMPARATORS[name].settings)
 
-    script = parsed.script
-    grpo_config, gmpo_config = configs(parsed)
-    base = Path(gmpo_config.output_dir)
-    quiet()
-    first_seed = gmpo_config.seed
-    runs: dict[str, list[list[dict[str, Any]]]] = {"GRPO": [], "GMPO": []}
-    summaries: dict[str, list[dict[str, Any]]] = {"GRPO": [], "GMPO": []}
-    bounds = {"GRPO": log_clip_range(grpo_config), "GMPO": log_clip_range(gmpo_config)}
-    gmpo_side, variant = gmpo_settings(gmpo_config), gmpo_config.loss_variant
-    for k in range(script.seeds):
-        seed = first_seed + k
-        for name, config, cls in (
-            ("GRPO", grpo_config, interruptible(RangeLoggingGRPOTrainer)),
-            ("GMPO", gmpo_config, interruptible(GMPOTrainer)),
-        ):
-            config.seed = seed
-            config.output_dir = str(base / name.lower() / f"seed{seed}")
-            what = name if name == "GRPO" or variant is None else f"GMPO variant {variant}"
-            done = run(script, config, cls, f"gmpo compare ({what}, seed {seed})")
-            stop_if_interrupted(done, config.output_dir)  # its run's outputs; no compare table
-            runs[name].append(done.rows)
-            summaries[name].append(done.summary)
-    plot_compare(runs, base / "compare.png", bounds)
-    table, agg = compare_table(summaries)
-    task = script.task if script.model is None else f"{script.task} (model {script.model})"
-    settings = (
-        f"task {task}; GRPO: loss_type='grpo', ratio clip [1 - {grpo_config.epsilon}, 1 + "
-        f"{grpo_config.epsilon}]; GMPO: {gmpo_side}; "
-        f"num_iterations={gmpo_config.num_iterations}, "
-        f"steps_per_generation={gmpo_config.steps_per_generation}, "
-        f"max_steps={gmpo_config.max_steps}, seeds {first_seed}..{first_seed + script.seeds - 1}"
+
+class CompareCommand(Command):
+    name = "compare"
+    description = (
+        "Train GMPO and the losses of --against (TRL's GRPOTrainer; default GRPO, ratio clip "
+        "1 ± grpo_epsilon) on the same task and seeds; plot and summarize the token log-ratio "
+        "range and the reward."
     )
+    arguments = CompareArguments
+
+    def run(self, parsed: Parsed) -> Path:
+        """Each --against loss, then GMPO, on each seed; returns the output directory."""
+        import gmpo_trl
+
+        plan = compare_plan(parsed)
+        # the trainers after the checks: importing them imports vLLM where installed (10-20 s)
+        from gmpo_trl.grpo_range import RangeLoggingGRPOTrainer
+
+        script, gmpo_config = plan.script, plan.config
+        base = Path(gmpo_config.output_dir)
+        first_seed = gmpo_config.seed
+        methods = {COMPARATORS[n].label: c for n, c in plan.comparators.items()}
+        methods["GMPO"] = gmpo_config
+        runs: dict[str, list[list[dict[str, Any]]]] = {label: [] for label in methods}
+        summaries: dict[str, list[dict[str, Any]]] = {label: [] for label in methods}
+        outcomes: dict[str, list[dict[str, Any]]] = {label: [] for label in methods}
+        bounds = {label: log_clip_range(c, plan.variant if c is gmpo_config else None)
+                  for label, c in methods.items()}  # fmt: skip
+        variant = gmpo_config.loss_variant
+        for k in range(script.seeds):
+            seed = first_seed + k
+            for label, config in methods.items():
+                cls = gmpo_trl.GMPOTrainer if label == "GMPO" else RangeLoggingGRPOTrainer
+                config.seed = seed
+                config.output_dir = str(base / label.lower() / f"seed{seed}")
+                what = label if label != "GMPO" or variant is None else f"GMPO variant {variant}"
+                done = run(plan, config, interruptible(cls), f"gmpo compare ({what}, seed {seed})")
+                stop_if_interrupted(done, config.output_dir)  # its run's outputs; no table
+                runs[label].append(done.rows)
+                summaries[label].append(done.summary)
+                outcomes[label].append({"seed": seed, **outcome(done.rows)})
+        plot_compare(runs, base / "compare.png", bounds)
+        report = _report(plan, summaries, outcomes, first_seed)
+        (base / "summary.md").write_text(report["markdown"])
+        (base / "summary.json").write_text(json.dumps(report["json"], indent=1) + "\n")
+        print(f"\n{report['markdown']}")
+        print(f"gmpo compare: plot in {base / 'compare.png'}, table in {base / 'summary.md'}")
+        return base
+
+
+def _report(
+    plan: Plan,
+    summaries: dict[str, list[dict[str, Any]]],
+    outcomes: dict[str, list[dict[str, Any]]],
+    first_seed: int,
+) -> dict[str, Any]:
+    """``summary.md`` (also printed) and ``summary.json``: the settings, the table of each
+    method's summaries and, with other losses than GRPO alone, the table against GMPO."""
+    script, gmpo = plan.script, plan.config
+    task = script.task if script.model is None else f"{script.task} (model {script.model})"
+    gmpo_side = gmpo_settings(gmpo, plan.variant)
+    run_settings = (
+        f"num_iterations={gmpo.num_iterations}, steps_per_generation={gmpo.steps_per_generation}, "
+        f"max_steps={gmpo.max_steps}, seeds {first_seed}..{first_seed + script.seeds - 1}"
+    )
+    names = list(plan.comparators)
+    if names == [DEFAULT_AGAINST]:  # gmpo compare as it always was
+        eps = plan.comparators["grpo"].epsilon
+        sides = f"GRPO: loss_type='grpo', ratio clip [1 - {eps}, 1 + {eps}]; GMPO: {gmpo_side}"
+    else:
+        sides = "; ".join(
+            [*(f"{COMPARATORS[n].label}: TRL GRPOTrainer, {_forced(n, c)}"
+               for n, c in plan.comparators.items()), f"GMPO: {gmpo_side}"]
+        )  # fmt: skip
+    settings = f"task {task}; {sides}; {run_settings}"
+    table, agg = compare_table(summaries)
     note = (
         f"First rewards / final reward: mean of the first / last {FINAL_STEPS} logged rewards of a "
         "run (a reward is logged per generation, every num_iterations x steps_per_generation "
@@ -101,11 +152,22 @@ def main(parsed: Parsed) -> Path:
         f"logged rewards; collapsed: final (20) at least {DROP} below peak (20), the "
         f"rule of docs/study.md (runs with at least {JUDGED_FROM} logged rewards)."
     )
-    (base / "summary.md").write_text(f"{settings}\n\n{table}\n\n{note}\n")
-    (base / "summary.json").write_text(
-        json.dumps(dict(settings=settings, variant=variant, aggregate=agg, runs=summaries),
-                   indent=1) + "\n"
-    )  # fmt: skip
-    print(f"\n{settings}\n\n{table}\n\n{note}\n")
-    print(f"gmpo compare: plot in {base / 'compare.png'}, table in {base / 'summary.md'}")
-    return base
+    data: dict[str, Any] = dict(settings=settings, variant=gmpo.loss_variant, aggregate=agg,
+                                runs=summaries)  # fmt: skip
+    if names == [DEFAULT_AGAINST]:
+        return {"markdown": f"{settings}\n\n{table}\n\n{note}\n", "json": data}
+    against, against_agg = against_table(outcomes)
+    sources = "; ".join(f"{COMPARATORS[n].label}: {COMPARATORS[n].source}" for n in names)
+    against_note = (
+        "Against GMPO: a pair is GMPO's run and the method's run on the same seed (the same warm "
+        "start and prompts); GMPO wins it when its final reward is higher, loses it when lower "
+        "(ties dropped); p: the one-sided exact sign test (gmpo_stats.paired.sign_test_p), H1: "
+        f"GMPO wins more often. Final reward here: gmpo_stats.outcome's, the mean of the last "
+        f"{WINDOW} logged rewards (all of them when fewer); failed: final below the warm start's "
+        "reward (the run's first logged reward, from the generations the warm start sampled) or "
+        f"collapsed (final at least {DROP} below the peak {WINDOW}-reward mean), "
+        f"gmpo_stats.outcome's rule. Settings' sources: {sources}."
+    )
+    data.update(against=names, against_gmpo=against_agg, outcomes=outcomes)
+    markdown = f"{settings}\n\n{against}\n\n{against_note}\n\n{table}\n\n{note}\n"
+    return {"markdown": markdown, "json": data}

@@ -32,7 +32,7 @@ COMMON_TRL_OPTIONS: dict[str, tuple[str, Any, str]] = {
     "seed": ("N", 42, "Random seed."),
     "bf16": ("BOOL", None, "bfloat16 mixed precision. Default: true on a GPU, false on CPU."),
     "use_cpu": ("BOOL", None, "Train on the CPU. Default: false; true when no GPU is found."),
-    "use_vllm": ("BOOL", False, "Generate with vLLM (GPU; pip install vllm)."),
+    "use_vllm": ("BOOL", False, "Generate with vLLM, on a GPU or the CPU (docs/vllm.md)."),
     "logging_steps": ("N", 10, "Log (metrics.jsonl, progress bar) every N optimizer steps."),
 }
 

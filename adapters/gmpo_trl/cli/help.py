@@ -11,7 +11,12 @@ from typing import Any
 
 from gmpo_trl.cli.arguments import ScriptArguments
 from gmpo_trl.cli.commands import COMMANDS
-from gmpo_trl.cli.defaults import COMMAND_DEFAULTS, COMMON_TRL_OPTIONS, toy_settings
+from gmpo_trl.cli.defaults import (
+    COMMAND_DEFAULTS,
+    COMMON_TRL_OPTIONS,
+    default_output_dir,
+    toy_settings,
+)
 from gmpo_trl.fields import GMPO_FIELDS
 
 
@@ -37,7 +42,10 @@ def short_help(command: str) -> str:
         "when no --model is given (the built-in toy run).",
     )
 
+    listed: set[str] = set()  # options shown here, with their [toy: X] where it differs
+
     def add(group: Any, name: str, metavar: str, default: Any, text: str) -> None:
+        listed.add(name)
         parts = [text.rstrip(".") + "."]
         if default is not None:
             parts.append(f"Default: {_fmt(default)}.")
@@ -65,7 +73,7 @@ def short_help(command: str) -> str:
     trl = parser.add_argument_group("training (TRL GRPOConfig, the options most runs set)")
     for name, (metavar, default, text) in COMMON_TRL_OPTIONS.items():
         if name == "output_dir":
-            default = f"gmpo_{command}_output"
+            default = default_output_dir(command)
         default = COMMAND_DEFAULTS.get(command, {}).get(name, default)
         add(trl, name, metavar, default, text)
     help_group = parser.add_argument_group("help")
@@ -75,15 +83,15 @@ def short_help(command: str) -> str:
         action="store_true",
         help="Every GMPOConfig / GRPOConfig option (imports TRL: several seconds).",
     )
-    toy_text = ", ".join(f"{k}={_fmt(v)}" for k, v in toy.items())
+    toy_text = ", ".join(f"{k}={_fmt(v)}" for k, v in toy.items() if k not in listed)
     parser.epilog = "\n\n".join(
         textwrap.fill(t)
         for t in (
-            "Every GMPOConfig field is an option (--help-all). Without a GPU the run is on the "
-            "CPU (use_cpu=true, bf16=false) unless you set them.",
+            "Every GMPOConfig field is an option (--help-all).",
             "Without --model, the built-in toy run: a 2-layer Qwen2-style model with random "
             "weights and a character tokenizer on the successor task (prompt 'd=', reward 1 "
-            f"when the completion starts with (d + 1) % 10), with {toy_text}. None of these "
+            f"when the completion starts with (d + 1) % 10), with {toy_text} and the [toy: X] "
+            "values above. None of these "
             "applies when --model is given.",
         )
     )

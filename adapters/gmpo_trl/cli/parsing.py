@@ -1,9 +1,11 @@
 """The command line, parsed once: ``--config``'s YAML, then argv, by TRL's parser for the
-command's arguments and ``GMPOConfig`` (a superset of ``GRPOConfig``'s fields).
+command's arguments and ``GMPOConfig`` (a superset of ``GRPOConfig``'s fields), into a
+:class:`~gmpo_trl.cli.runs.Parsed`.
 
 What the user set (the YAML and the command line) is kept apart from the run's defaults
 (:func:`gmpo_trl.cli.defaults.run_defaults`), so that each config a command needs is built from
-the same values: :meth:`Parsed.config`.
+the same values (:meth:`~gmpo_trl.cli.runs.Parsed.config`), and the names of the options set are
+known: every option's default is :data:`_UNSET` while parsing.
 """
 
 from __future__ import annotations
@@ -11,40 +13,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from gmpo_trl.cli.checks import check_counts, check_run
 from gmpo_trl.cli.commands import COMMANDS
 from gmpo_trl.cli.defaults import run_defaults
 from gmpo_trl.cli.errors import CLIError
+from gmpo_trl.cli.runs import Parsed
 
 _UNSET = object()  # the default of every option while parsing: what is not _UNSET, the user set
-
-
-@dataclass(frozen=True)
-class Parsed:
-    """A parsed command line: the command, its own arguments (``script``), the config values the
-    user set (``values``: the YAML file's, then the command line's) and the run's ``defaults``."""
-
-    command: str
-    script: Any
-    values: dict[str, Any]
-    defaults: dict[str, Any]
-
-    def config(self, cls: type, **forced: Any) -> Any:
-        """A ``cls`` (``GMPOConfig``, ``GRPOConfig``) from the defaults, the user's values and
-        ``forced`` (highest precedence), each restricted to ``cls``'s own fields."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        merged = {**self.defaults, **self.values, **forced}
-        kwargs = {k: v for k, v in merged.items() if k in names}
-        check_counts(kwargs)  # before GRPOConfig divides by them
-        try:
-            config = cls(**kwargs)
-        except (ValueError, TypeError) as err:
-            raise CLIError(str(err).splitlines()[0]) from err
-        check_run(config)
-        return config
 
 
 def _parser(command: str) -> Any:
@@ -170,4 +146,4 @@ def parse(command: str, argv: list[str]) -> Parsed:
     defaults = run_defaults(
         command, model=script.model, output_dir=values.get("output_dir"), task=script.task
     )
-    return Parsed(command, script, config_values, defaults)
+    return Parsed(command, script, config_values, defaults, frozenset(values))

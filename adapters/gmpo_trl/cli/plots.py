@@ -10,22 +10,40 @@ from typing import Any
 
 from gmpo_trl.cli.reports import series
 
+#: TRL's loss types that clip each token's ratio to (1 - epsilon, 1 + epsilon_high)
+RATIO_CLIPPED = ("grpo", "bnpo", "dr_grpo", "dapo")
 
-def log_clip_range(config: Any) -> tuple[float, float] | None:
-    """The clip range of a run in log space: GMPO's (-epsilon, epsilon_high); GRPO's ratio
-    range (1 - epsilon, 1 + epsilon_high) as log(1 - epsilon), log(1 + epsilon_high); a loss
-    variant's ``bounds`` (``gmpo_tasks.variants.Method``), None where it has none."""
-    variant = getattr(config, "loss_variant", None)
+
+def log_clip_range(config: Any, variant: Any = None) -> tuple[float, float] | None:
+    """The clip range of a run in log space: GMPO's (-epsilon, epsilon_high); a TRL loss's token
+    ratio range (1 - epsilon, 1 + epsilon_high) as log(1 - epsilon), log(1 + epsilon_high); a
+    loss variant's ``bounds`` (``gmpo_variants.Variant``; ``variant``, resolved by the run's
+    plan, or the config's ``loss_variant``); None where there is no token clip (a sequence-level
+    clip, CISPO's clipped weight, SAPO's gate, a variant without bounds)."""
+    if variant is None and getattr(config, "loss_variant", None) is not None:
+        from gmpo_trl.config import loss_variant
+
+        variant = loss_variant(config)
     if variant is not None:
-        from gmpo_tasks.variants import resolve
-
-        bounds = resolve(variant).bounds
+        bounds = variant.bounds
         return None if bounds is None else (-bounds[0], bounds[1])
-    eps = float(config.epsilon)
-    high = float(config.epsilon_high if config.epsilon_high is not None else eps)
-    if getattr(config, "loss_type", "gmpo") == "gmpo":
+    from gmpo_core.options import upper
+
+    eps, high = float(config.epsilon), float(upper(config.epsilon, config.epsilon_high))
+    loss_type = getattr(config, "loss_type", "gmpo")
+    if loss_type == "gmpo":
         return -eps, high
-    return math.log(1 - eps) if eps < 1 else -math.inf, math.log1p(high)
+    if (
+        loss_type not in RATIO_CLIPPED
+        or getattr(config, "importance_sampling_level", "token") != "token"
+    ):
+        return None
+    if eps >= 1:  # no lower bound in ratio space
+        return -math.inf, math.log1p(high)
+    from gmpo_variants.grpo import ratio_bounds
+
+    low, high = ratio_bounds(eps, high)
+    return -low, high
 
 
 def _clip_lines(ax: Any, bounds: tuple[float, float] | None) -> None:
@@ -108,6 +126,11 @@ def _band(runs: list[list[dict[str, Any]]], key: str) -> tuple[list[int], list[f
     return steps, mean, std
 
 
+#: each method's color in ``compare.png``
+COLORS = {"GRPO": "tab:orange", "GMPO": "tab:green", "DAPO": "tab:blue", "GSPO": "tab:red",
+          "CISPO": "tab:purple", "SAPO": "tab:brown"}  # fmt: skip
+
+
 def plot_compare(
     runs: dict[str, list[list[dict[str, Any]]]],
     path: Path,
@@ -122,12 +145,18 @@ def plot_compare(
     import matplotlib.pyplot as plt
 
     n_seeds = max(len(v) for v in runs.values())
-    fig, axes = plt.subplots(1, 1 + len(runs), figsize=(5.5 * (1 + len(runs)), 4))
-    colors = {"GRPO": "tab:orange", "GMPO": "tab:green"}
+    if len(runs) <= 2:
+        fig, axes = plt.subplots(1, 1 + len(runs), figsize=(5.5 * (1 + len(runs)), 4))
+    else:  # four panels a row, the reward first
+        rows = math.ceil((1 + len(runs)) / 4)
+        fig, grid = plt.subplots(rows, 4, figsize=(22, 4 * rows), squeeze=False)
+        axes = list(grid.flat)[: 1 + len(runs)]
+        for spare in list(grid.flat)[1 + len(runs) :]:
+            spare.set_visible(False)
     ax = axes[0]
     for name, seed_rows in runs.items():
         steps, mean, std = _band(seed_rows, "reward")
-        c = colors.get(name)
+        c = COLORS.get(name)
         ax.plot(steps, mean, color=c, label=name, **_marker(len(steps)))
         ax.fill_between(steps, [m - s for m, s in zip(mean, std, strict=True)],
                         [m + s for m, s in zip(mean, std, strict=True)], color=c, alpha=0.2)  # fmt: skip

@@ -1,6 +1,8 @@
 """What a run is summarized by, as pure functions of its logged rows (``metrics.jsonl``): the
 token log-ratio range of the off-policy steps, the reward at the start and the end, the clip
-fractions; one run's summary and ``gmpo compare``'s table over methods and seeds."""
+fractions; one run's summary, its outcome under ``gmpo_stats.outcome``'s rules, and ``gmpo
+compare``'s tables over methods and seeds (each method against GMPO with ``gmpo_stats.paired``'s
+sign test)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from gmpo_tasks.rules import WINDOW, collapse
+from gmpo_stats.outcome import WINDOW, collapse, failed
+from gmpo_stats.paired import sign_test_p
 
 
 def has_range(row: dict[str, Any]) -> bool:
@@ -39,7 +42,7 @@ def series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]
 FINAL_STEPS = 10  # "final reward": the mean of the last ten logged rewards
 
 
-#: a run's collapse (``gmpo_tasks.rules.collapse``, docs/study.md's rule) is judged only on
+#: a run's collapse (``gmpo_stats.collapse``, docs/study.md's rule) is judged only on
 #: runs with at least this many logged rewards (one per generation)
 JUDGED_FROM = 2 * WINDOW
 
@@ -147,4 +150,54 @@ def compare_table(per_seed: dict[str, list[dict[str, Any]]]) -> tuple[str, dict[
         for s in summaries:
             cells = [_cell(s[k]) if k in s else "—" for k, _ in columns]
             lines.append(f"| {name} | {s['seed']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines), agg
+
+
+def outcome(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A run's outcome under ``gmpo_stats.outcome``'s rules: its warm start's reward (the first
+    logged reward: the first generation is sampled before any update), its final reward (the mean
+    of the last ``WINDOW`` logged rewards, all of them when fewer), whether it collapsed, and
+    whether it failed (final below the warm start's reward, or collapsed); empty without a
+    logged reward."""
+    _, rewards = series(rows, "reward")
+    if not rewards:
+        return {}
+    start, col = rewards[0], collapse(rewards)
+    return {"reward_start": start, "final": col.final, "collapsed": col.collapsed,
+            "failed": failed(rewards, start)}  # fmt: skip
+
+
+def against_table(
+    per_seed: dict[str, list[dict[str, Any]]], reference: str = "GMPO"
+) -> tuple[str, dict[str, Any]]:
+    """Markdown: per method (rows of :func:`outcome` with their ``seed``), the mean final reward
+    ± sample std over seeds, ``reference``'s wins, losses and ties against it on the same seeds
+    with the one-sided sign test's p (H1: ``reference`` wins more often), and its failed runs."""
+    final = {name: {r["seed"]: r["final"] for r in rows if "final" in r}
+             for name, rows in per_seed.items()}  # fmt: skip
+    lines = [
+        f"| method | seeds | final reward | {reference} wins | {reference} losses | ties | "
+        "p (sign test, one-sided) | failed |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    agg: dict[str, Any] = {}
+    for name, rows in per_seed.items():
+        values = list(final[name].values())
+        m, sd = mean_std(values) if values else (math.nan, math.nan)
+        fails = sum(bool(r.get("failed")) for r in rows)
+        entry: dict[str, Any] = {"final": {"mean": m, "std": sd, "values": values},
+                                 "failed": fails, "runs": len(rows)}  # fmt: skip
+        cells = [f"{m:.2f} ± {sd:.2f}" if values else "—"]
+        if name == reference:
+            cells += ["—"] * 4
+        else:
+            pairs = [(final[reference][s], v) for s, v in final[name].items()
+                     if s in final[reference]]  # fmt: skip
+            wins = sum(g > v for g, v in pairs)
+            losses = sum(g < v for g, v in pairs)
+            p = sign_test_p(wins, losses)
+            entry.update(wins=wins, losses=losses, ties=len(pairs) - wins - losses, p=p)
+            cells += [str(wins), str(losses), str(len(pairs) - wins - losses), f"{p:.3g}"]
+        agg[name] = entry
+        lines.append(f"| {name} | {len(rows)} | " + " | ".join(cells) + f" | {fails}/{len(rows)} |")
     return "\n".join(lines), agg

@@ -1,25 +1,125 @@
-"""One training run of a ``gmpo`` command: its trainer (the user's model, dataset and rewards, or
-the built-in task's: ``gmpo_tasks.registry.TASKS``), the training, and its outputs
-(``metrics.jsonl``, ``metrics.png``, ``summary.json``/``summary.md``)."""
+"""One run of a ``gmpo`` command, from the parsed command line to its outputs, each step once:
+
+- :class:`Parsed`: the command line as :func:`gmpo_trl.cli.parsing.parse` leaves it;
+- :class:`Plan` (:func:`build_plan`): the config, the built-in task, the reward functions, the
+  user's dataset, the loss variant and the checkpoint to resume from, each resolved and checked
+  once, before any work (:mod:`gmpo_trl.cli.checks`); training, ``gmpo compare``, the plots and
+  the summaries read it;
+- :func:`build_trainer` and :func:`run`: the trainer of one run of a plan (the user's model,
+  dataset and rewards, or the task's: ``gmpo_tasks.registry.TASKS``), its training, and its
+  outputs (``metrics.jsonl``, ``metrics.png``, ``summary.json``/``summary.md``).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gmpo_tasks.registry import get_task
 from gmpo_tasks.task import Task
 from gmpo_trl.cli.callbacks import json_lines, quiet_progress_bar
-from gmpo_trl.cli.checks import check_model, load_dataset, resolve_reward
+from gmpo_trl.cli.checks import (
+    check_counts,
+    check_inputs,
+    check_resume,
+    check_run,
+    check_task,
+    check_task_lengths,
+    check_vllm,
+    load_dataset,
+)
 from gmpo_trl.cli.errors import CLIError, Interrupted
 from gmpo_trl.cli.plots import log_clip_range, plot_training
 from gmpo_trl.cli.reports import read_metrics, run_summary, summary_line, summary_markdown
 
-#: --use_vllm without --model: the built-in models with heads of 32 (hidden 32 and 64), the
-#: smallest head_dim vLLM's CPU attention takes (docs/vllm.md)
-VLLM_HEADS = {"successor": 1, "reverse": 2}
+
+@dataclass(frozen=True)
+class Parsed:
+    """A parsed command line: the command, its own arguments (``script``), the config values the
+    user set (``values``: the YAML file's, then the command line's), the run's ``defaults``, and
+    the name of every option the user set (``set_by_user``, the command's own included): what the
+    user set is known from parsing, never guessed by comparing a value with its default."""
+
+    command: str
+    script: Any
+    values: dict[str, Any]
+    defaults: dict[str, Any]
+    set_by_user: frozenset[str] = frozenset()
+
+    def config(self, cls: type, **forced: Any) -> Any:
+        """A ``cls`` (``GMPOConfig``, ``GRPOConfig``) from the defaults, the user's values and
+        ``forced`` (highest precedence), each restricted to ``cls``'s own fields."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        merged = {**self.defaults, **self.values, **forced}
+        kwargs = {k: v for k, v in merged.items() if k in names}
+        check_counts(kwargs)  # before GRPOConfig divides by them
+        try:
+            config = cls(**kwargs)
+        except (ValueError, TypeError) as err:
+            raise CLIError(str(err).splitlines()[0]) from err
+        check_run(config)
+        return config
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a command runs, resolved and checked once (:func:`build_plan`). ``config``: the
+    ``GMPOConfig``; ``rewards``: the user's reward functions, or the task's; ``dataset``: the
+    user's, loaded once, or None for the task's (its prompts depend on the run's seed);
+    ``variant``: the resolved ``loss_variant`` (None: GMPO's loss); ``resume``: the checkpoint
+    directory to resume from; ``comparators``: ``gmpo compare``'s ``GRPOConfig`` of each loss it
+    trains beside GMPO, by ``--against`` name."""
+
+    script: Any
+    config: Any
+    task: Task
+    rewards: tuple[Callable[..., Any], ...]
+    dataset: Any
+    variant: Any
+    resume: str | None = None
+    comparators: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def build_plan(
+    parsed: Parsed,
+    *,
+    resumable: bool = True,
+    comparators: Mapping[str, dict[str, Any]] | None = None,
+) -> Plan:
+    """The plan of a parsed command line, every check before any work: the config (its own rules
+    at construction, and a loss variant refused beside any option it replaces that the user set,
+    whatever its value), the task, the model, dataset and reward options, the completion length
+    the task's model holds, ``--resume_from_checkpoint`` (``resumable``), vLLM, a ``GRPOConfig``
+    of the same values for each of ``comparators`` (name -> the values it forces); then the
+    user's dataset is loaded."""
+    from gmpo_trl import GMPOConfig
+    from gmpo_trl.config import check_variant, loss_variant
+
+    script = parsed.script
+    config = parsed.config(GMPOConfig)
+    if config.loss_variant is not None:
+        try:
+            check_variant(config, explicit=parsed.set_by_user)
+        except ValueError as err:
+            raise CLIError(str(err)) from err
+    task = check_task(script.task)
+    rewards = check_inputs(script) or [task.reward]
+    if script.model is None and script.dataset is None:
+        check_task_lengths(task, task.lengths(), config, script, parsed.command)
+    resume = check_resume(config.resume_from_checkpoint, config.output_dir) if resumable else None
+    check_vllm(script, config)
+    others = {}
+    if comparators:
+        from trl import GRPOConfig
+
+        others = {name: parsed.config(GRPOConfig, **forced) for name, forced in comparators.items()}
+    quiet()
+    dataset = None if script.dataset is None else load_dataset(script.dataset, script.dataset_split)
+    variant = loss_variant(config)
+    return Plan(script, config, task, tuple(rewards), dataset, variant, resume, others)
 
 
 def quiet() -> None:
@@ -34,30 +134,25 @@ def quiet() -> None:
     warnings.filterwarnings("ignore", message=".*trl.experimental.*")
 
 
-def build_trainer(script: Any, config: Any, trainer_cls: type, task: Task | None = None) -> Any:
-    """The trainer for the parsed arguments: ``task``'s parts (``--task``'s by default) where the
-    user named no model, dataset or reward."""
-    task = task or get_task(script.task)
-    out = Path(config.output_dir)
-    rewards = [resolve_reward(r) for r in script.reward] or [task.reward]
-    if script.dataset is None:
-        dataset = task.dataset(config.seed)
-    else:
-        dataset = load_dataset(script.dataset, script.dataset_split)
-    if script.model is None:
+def build_trainer(plan: Plan, config: Any, trainer_cls: type) -> Any:
+    """The trainer of one run of ``plan`` under ``config`` (the plan's, or a comparator's in
+    ``gmpo compare``): the plan's task's parts where the user named no model or dataset."""
+    task, out = plan.task, Path(config.output_dir)
+    dataset = task.dataset(config.seed) if plan.dataset is None else plan.dataset
+    if plan.script.model is None:
         import torch
 
         torch.set_num_threads(1)  # a tiny model: more threads only add synchronization
-        heads = VLLM_HEADS.get(task.name) if config.use_vllm else None
-        model, tokenizer = task.model(config.seed, **({} if heads is None else {"heads": heads}))
+        # --use_vllm: the task's heads of 32 dimensions, the smallest vLLM's CPU attention takes
+        model, tokenizer = task.model(config.seed, task.vllm_heads if config.use_vllm else None)
         init = out / "init-model"  # a path, so that beta's reference model can be loaded
         model.save_pretrained(init)
         model.config._name_or_path = model.name_or_path = str(init)  # (vLLM loads it from there)
         model_arg: Any = model
         kwargs: dict[str, Any] = {"processing_class": tokenizer}
     else:
-        check_model(script.model)
-        model_arg, kwargs = script.model, {}
+        model_arg, kwargs = plan.script.model, {}
+    rewards = list(plan.rewards)
     try:
         trainer = trainer_cls(
             model=model_arg,
@@ -82,11 +177,11 @@ class Run:
     summary: dict[str, Any]
 
 
-def run(script: Any, config: Any, trainer_cls: type, title: str, resume: str | None = None) -> Run:
-    """Train one run, from the checkpoint directory ``resume`` when given (as
-    ``Trainer.train(resume_from_checkpoint=...)`` does: the steps after it only); metrics.png,
-    summary.json/.md in its output directory."""
-    trainer = build_trainer(script, config, trainer_cls)
+def run(plan: Plan, config: Any, trainer_cls: type, title: str, resume: str | None = None) -> Run:
+    """Train one run of ``plan`` under ``config``, from the checkpoint directory ``resume`` when
+    given (as ``Trainer.train(resume_from_checkpoint=...)`` does: the steps after it only);
+    metrics.png, summary.json/.md in its output directory."""
+    trainer = build_trainer(plan, config, trainer_cls)
     if resume is not None:
         done = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"]
         total = f" of {trainer.args.max_steps}" if trainer.args.max_steps > 0 else ""
@@ -94,7 +189,8 @@ def run(script: Any, config: Any, trainer_cls: type, title: str, resume: str | N
     trainer.train(resume_from_checkpoint=resume)
     out = Path(config.output_dir)
     rows = read_metrics(out / "metrics.jsonl")
-    plot_training(rows, out / "metrics.png", title=title, bounds=log_clip_range(config))
+    variant = plan.variant if config is plan.config else None
+    plot_training(rows, out / "metrics.png", title=title, bounds=log_clip_range(config, variant))
     summary = {"seed": config.seed, **run_summary(rows, trainer.state.global_step)}
     line = summary_line(title, summary)
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -4,22 +4,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gmpo_trl.cli.checks import check_inputs, check_resume, check_task_lengths, check_vllm
-from gmpo_trl.cli.parsing import Parsed
-from gmpo_trl.cli.runs import interruptible, quiet, run, stop_if_interrupted
+from gmpo_trl.cli.arguments import ScriptArguments
+from gmpo_trl.cli.base import Command
+from gmpo_trl.cli.runs import Parsed, build_plan, interruptible, run, stop_if_interrupted
 
 
-def main(parsed: Parsed) -> Path:
-    """``gmpo train``: returns the output directory."""
-    from gmpo_trl import GMPOConfig, GMPOTrainer
+class TrainCommand(Command):
+    name = "train"
+    description = "Train with GMPO (TRL's GRPOTrainer, gmpo_core's loss)."
+    arguments = ScriptArguments
 
-    config = parsed.config(GMPOConfig)
-    check_inputs(parsed.script)
-    check_task_lengths(parsed.script, config, "train")
-    resume = check_resume(config.resume_from_checkpoint, config.output_dir)
-    check_vllm(parsed.script, config)
-    quiet()
-    done = run(parsed.script, config, interruptible(GMPOTrainer), "gmpo train", resume=resume)
-    stop_if_interrupted(done, config.output_dir)  # no final model: it is not the run asked for
-    done.trainer.save_model(str(Path(config.output_dir) / "final"))
-    return Path(config.output_dir)
+    def run(self, parsed: Parsed) -> Path:
+        """One run of the plan; returns the output directory."""
+        import gmpo_trl
+
+        plan = build_plan(parsed)
+        config = plan.config
+        trainer_cls = interruptible(gmpo_trl.GMPOTrainer)
+        done = run(plan, config, trainer_cls, "gmpo train", resume=plan.resume)
+        stop_if_interrupted(done, config.output_dir)  # no final model: it is not the run asked for
+        done.trainer.save_model(str(Path(config.output_dir) / "final"))
+        return Path(config.output_dir)

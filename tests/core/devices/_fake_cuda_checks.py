@@ -150,6 +150,20 @@ def _geometric_mean() -> None:
     _on_cuda(masked_geometric_mean(_t(B, T), _t(B, T, dtype=torch.bool)), (B,))
 
 
+def _power_mean_check(p: float) -> Callable[[], None]:
+    def run() -> None:
+        from gmpo_core import masked_power_mean
+
+        out = masked_power_mean(_t(B, T, dtype=torch.bfloat16), _t(B, T, dtype=torch.bool), p)
+        _on_cuda(out, (B,), torch.float32)
+
+    return run
+
+
+for _p in (0.5, 0.0, -1.0, 1e-30):  # each branch
+    check(f"masked_power_mean: p={_p}")(_power_mean_check(_p))
+
+
 @check("sequence_kl")
 def _kl() -> None:
     from gmpo_core import sequence_kl

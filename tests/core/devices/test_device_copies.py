@@ -38,12 +38,13 @@ from gmpo_core import (
     clip_metrics,
     gmpo_loss,
     masked_geometric_mean,
+    masked_power_mean,
     sequence_kl,
     token_logprobs,
     trust_region_log_ratio,
 )
 from gmpo_core.metrics import metrics, minima, sums
-from tests.core.devices.test_devices import OPTIONS, B, T, _call
+from tests.core.devices.test_devices import OPTIONS, POWERS, B, T, _call
 
 _FROM_DATA = {torch.tensor, torch.as_tensor, torch.asarray}
 
@@ -198,6 +199,18 @@ def test_building_blocks_copy_nothing(layout: str) -> None:
         (grad,) = torch.autograd.grad(sequence_kl(logp, r, mask, **seg).sum(), logp)
     assert found == []
     assert grad.is_meta and all(t.is_meta for t in outs if t is not None)
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+@pytest.mark.parametrize("p", POWERS)
+def test_power_mean_copies_nothing(layout: str, p: float) -> None:
+    args, logp = _call(layout, "plain")
+    seg = {"cu_seqlens": args["cu_seqlens"]} if layout == "packed" else {}
+    with Copies() as found:
+        out = masked_power_mean(logp, args["mask"], p, **seg)
+        (grad,) = torch.autograd.grad(out.sum(), logp)
+    assert found == []
+    assert out.is_meta and grad.is_meta
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -21,6 +21,7 @@ from gmpo_core import (
     clip_metrics,
     gmpo_loss,
     masked_geometric_mean,
+    masked_power_mean,
     sequence_kl,
     trust_region_log_ratio,
 )
@@ -42,7 +43,7 @@ def test_no_tensor_at_module_level() -> None:
     step). No module of the core or the adapters may hold a tensor in its globals: a tensor made
     at import lives on the CPU, whatever device the inputs are on."""
     found = []
-    for package in ("gmpo_core", "gmpo_trl", "gmpo_verl"):
+    for package in ("gmpo_core", "gmpo_kit", "gmpo_trl", "gmpo_verl"):
         for name in _modules(package):
             try:
                 module = importlib.import_module(name)
@@ -77,6 +78,9 @@ def test_metrics_on_meta() -> None:
 def test_public_names_resolve(name: str) -> None:
     assert getattr(gmpo_core, name) is not None
 
+
+# the power mean's branches: p > 0, p = 0, p < 0, the expansion at tiny |p|
+POWERS = (0.5, 0.0, -1.0, 1e-30)
 
 OPTIONS = {
     "plain": {},
@@ -154,6 +158,11 @@ def test_building_blocks_on_meta(layout: str) -> None:
     assert all(t.is_meta for t in outs if t is not None)
     (grad,) = torch.autograd.grad(sequence_kl(logp, r, mask, **seg).sum(), logp)
     assert grad.is_meta
+    for p in POWERS:  # each branch of the power mean, its gradient too
+        out = masked_power_mean(logp, mask, p, **seg)
+        assert out.is_meta and out.shape == (B,)
+        (grad,) = torch.autograd.grad(out.sum(), logp)
+        assert grad.is_meta and grad.shape == logp.shape
 
 
 # Regression, defect 1 of those found by trying the 0.1 default path as a new user would
@@ -179,6 +188,8 @@ def test_building_blocks_check_devices() -> None:
         trust_region_log_ratio(r, adv.to("meta"))
     with pytest.raises(ValueError, match="mask is on device meta"):
         masked_geometric_mean(r, mask.to("meta"))
+    with pytest.raises(ValueError, match="mask is on device meta"):
+        masked_power_mean(r, mask.to("meta"), 0.5)
     with pytest.raises(ValueError, match="ref_logp is on device meta"):
         sequence_kl(r, r.to("meta"), mask)
     with pytest.raises(ValueError, match="mask is on device meta"):

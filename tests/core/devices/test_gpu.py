@@ -3,7 +3,8 @@
 On CUDA each call runs under ``torch.cuda.set_sync_debug_mode("error")``, so any host-device
 synchronization in the forward, the backward or ``out.metrics`` raises; the results are then
 compared with the float64 reference. Options covered: KL, token and row weights (zero weights
-included), dual clip, packed input (``cu_seqlens``), each path, float32 and bf16.
+included), dual clip, packed input (``cu_seqlens``), each path, float32 and bf16; and
+``masked_power_mean``.
 
 ``GMPO_GPU_DRY_RUN=1`` (scripts/gpu.sh's dry run, in CI) runs these tests on the CPU without
 a GPU: the same code, with no synchronization guard, so that the script is known to work before
@@ -21,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from gmpo_core import gmpo_loss
+from gmpo_core import gmpo_loss, masked_power_mean, reference
 from tests._helpers import ref
 from tests._packed import ref_packed
 from tests.strategies import Batch, pack
@@ -210,3 +211,34 @@ def test_no_synchronization_with_every_option(
         args["logp"].grad.double().cpu(), torch.tensor(exp.grad_logp), rtol=grad_rtol, atol=1e-8
     )
     assert float(metrics["clip_ratio/region_mean"].cpu()) > 0  # the clip acts on these inputs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_power_mean_never_synchronizes(dtype: torch.dtype, packed: bool) -> None:
+    """``masked_power_mean`` forward and backward at each branch (p > 0, 0, < 0, the expansion
+    at tiny |p|), without a host-device synchronization, against the float64 reference."""
+    batch = _batch(B, T, seed=3)
+    x = torch.tensor(batch.logp - batch.old_logp).to(DEVICE, dtype) * 20  # |x| up to ~40
+    mask = torch.tensor(batch.mask, device=DEVICE)
+    held = x.double().cpu().numpy()
+    seg: dict[str, Any] = {}
+    if packed:
+        cu = torch.zeros(B + 1, dtype=torch.int32)
+        cu[1:] = torch.full((B,), T).cumsum(0)
+        seg = {"cu_seqlens": cu.to(DEVICE)}
+    for p in (2.0, 0.5, 0.0, -1.0, 1e-30):
+        x_in = (x.reshape(-1) if packed else x).detach().requires_grad_()
+        m_in = mask.reshape(-1) if packed else mask
+        masked_power_mean(x_in, m_in, p, **seg).sum().backward()  # warm-up
+        x_in.grad = None
+        with no_sync():
+            out = masked_power_mean(x_in, m_in, p, **seg)
+            out.sum().backward()
+        exp = reference.masked_power_mean(held, batch.mask, p)
+        tol = 8 * 2.0**-23 * float(np.abs(held).max())
+        np.testing.assert_allclose(out.detach().cpu().numpy(), exp.value, rtol=0, atol=tol)
+        grad = x_in.grad.double().cpu().numpy().reshape(B, T)
+        np.testing.assert_allclose(
+            grad, exp.grad, rtol=8e-3 if dtype != torch.float32 else 1e-5, atol=1e-6
+        )
