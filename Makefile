@@ -377,16 +377,17 @@ study-which-loss: setup
 		--out runs/which-loss/$$t || exit 1; done
 	$(MAKE) study-which-loss-analysis
 
-## the grid's planned analysis from its runs (seconds): results/which-loss/which_loss.md and .json
-## and each task's summary.md, summary.json, curves.jsonl.gz and invocations.jsonl
+## the grid's planned analysis from its runs under runs/which-loss/ (seconds):
+## results/which-loss/which_loss.md and .json and each task's summary.md, summary.json and
+## invocations.jsonl; the raw curves stay in runs/ (make study-which-loss regenerates them)
 #: the second study's planned analysis: results/which-loss/
 study-which-loss-analysis: setup
 	for t in $(WL_TASKS); do [ -f runs/which-loss/$$t/summary.json ] || continue; \
 		mkdir -p results/which-loss/$$t && cp runs/which-loss/$$t/summary.md \
-		runs/which-loss/$$t/summary.json runs/which-loss/$$t/curves.jsonl.gz \
-		runs/which-loss/$$t/invocations.jsonl results/which-loss/$$t/; done
+		runs/which-loss/$$t/summary.json runs/which-loss/$$t/invocations.jsonl \
+		results/which-loss/$$t/; done
 	$(BIN)/python -m studies.stability.which_loss $$(for t in $(WL_TASKS); do \
-		[ -f results/which-loss/$$t/summary.json ] && echo results/which-loss/$$t; done) \
+		[ -f runs/which-loss/$$t/summary.json ] && echo runs/which-loss/$$t; done) \
 		--out results/which-loss
 
 #: the second study's cross-check through TRL: results/which-loss/trl/

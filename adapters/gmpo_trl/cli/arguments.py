@@ -15,8 +15,8 @@ def _task_help() -> str:
     settings: dict[str, list[str]] = {}
     extras: dict[str, list[str]] = {}
     for name, task in TASKS.items():
-        if task.setting():
-            settings.setdefault(task.setting(), []).append(name)
+        if setting := task.setting():
+            settings.setdefault(setting, []).append(name)
         if task.requires:
             extras.setdefault(f"{task.requires.replace('_', '-')} (gmpo[{task.extra}])", []).append(
                 name
