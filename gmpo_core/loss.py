@@ -143,8 +143,8 @@ def _batch(x: _checks.Inputs, h: _math.Hyper, cu_seqlens: Tensor | None) -> _mat
     read as ``logp``, ``ref_logp`` only with a KL term, ``is_weights`` per token or per row."""
     logp, w, w_tok, w_row = x.logp, x.is_weights, None, None
     if w is not None:
-        if w.shape == logp.shape and (cu_seqlens is not None or w.shape[1] > 1):
-            w_tok = w.detach()  # (B, T) or (N,); (B, 1) is a row weight
+        if w.shape == logp.shape and (cu_seqlens is not None or w.shape[1] != 1):
+            w_tok = w.detach()  # (B, T) or (N,), T = 0 too; (B, 1) is a row weight
         else:
             w_row = w.detach().reshape(-1)
     return _math.Batch(

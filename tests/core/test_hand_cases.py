@@ -232,3 +232,15 @@ def test_empty_batch_gives_zero_loss(impl: str) -> None:
         reference.gmpo_loss(np.zeros((0, 4)), np.zeros((0, 4)), np.zeros(0), np.ones((0, 4))).loss
         == 0.0
     )
+
+
+def test_token_weights_of_rows_without_tokens(impl: str) -> None:
+    """(B, 0) weights are token weights of rows with no token, not row weights (which would need
+    B values): the loss is 0 and every row's output too (found by a property test: a size error
+    before)."""
+    logp = torch.zeros(2, 0, requires_grad=True)
+    out = gmpo_loss(logp, logp.detach(), torch.tensor([1.0, -1.0]), torch.zeros(2, 0, dtype=torch.bool),
+                    is_weights=torch.zeros(2, 0), impl=impl)  # fmt: skip
+    out.loss.backward()
+    assert out.loss.item() == 0.0 and out.per_sequence_loss.tolist() == [0.0, 0.0]
+    assert logp.grad is not None and logp.grad.shape == (2, 0)
