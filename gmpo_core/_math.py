@@ -10,11 +10,10 @@ Inputs travel as a :class:`Batch` (tensors) and a :class:`Hyper` (validated hype
 Python floats, or 0-d tensors on the compiled path so that new values never recompile). Nothing
 here validates or synchronizes with the device.
 
-A row is either a padded row of a (B, T) batch or a *segment* of packed (N,) tokens, given by
-``cu_seqlens`` (flash-attention's convention). Every per-row reduction goes through
-:func:`row_sum` and every per-row value reaches the tokens through :func:`to_tokens`, so both
-layouts run the same formulas. With an :class:`Across`, a row's tokens are split across the
-ranks of a process group: the per-row sums are all-reduced before the exponential.
+A row is a padded row of a (B, T) batch or a segment of packed (N,) tokens
+(:mod:`gmpo_core._rows`), both run by the same formulas. With an :class:`Across`, a row's tokens
+are split across the ranks of a process group: the per-row sums are all-reduced before the
+exponential.
 
 On CPU, ATen's kernels that read or write ``bool`` tensors are several times slower than float
 arithmetic, so masks enter arithmetic as 0/1 floats (:func:`as_float`), and ``torch.where`` with
@@ -28,11 +27,18 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
-from torch.autograd import forward_ad
 
 from gmpo_core._across import Across, Totals, all_rows
-from gmpo_core._counts import Cuts, clip_stats, log_ratio_range
-from gmpo_core.metrics import ClipStats
+from gmpo_core._counts import Cuts, Tally, clip_signs, passes, tally
+from gmpo_core._rows import (
+    Segments,
+    constant,
+    differentiated,
+    row_sum,
+    segments,
+    to_tokens,
+    wide_sum,
+)
 
 Bound = float | Tensor
 
@@ -65,14 +71,6 @@ class Batch(NamedTuple):
     cu_seqlens: Tensor | None = None  # packed segments; None: padded rows
 
 
-class Segments(NamedTuple):
-    """Packed rows. Shape: offsets (S + 1,) int64, within [0, N] and non-decreasing; ids (N,)
-    int64, the row of each token."""
-
-    offsets: Tensor
-    ids: Tensor
-
-
 class RowSums(NamedTuple):
     """The per-row sums :func:`forward` reduces before the exponential: the clipped log-ratios,
     the valid tokens, and where present the log rollout weights, the k3 KL, and (split across
@@ -101,7 +99,7 @@ class RowSums(NamedTuple):
         return RowSums(out[0], out[1], out[2], out[3], out[4], out[5])  # type: ignore[arg-type]
 
     def to(self, dtype: torch.dtype) -> RowSums:
-        return self.replaced([t.to(dtype) for t in self.present()])
+        return self.replaced([to_dtype(t, dtype) for t in self.present()])
 
 
 class Forward(NamedTuple):
@@ -115,7 +113,7 @@ class Forward(NamedTuple):
     loss: Tensor
     per_sequence_loss: Tensor
     log_coef: Tensor
-    stats: ClipStats
+    stats: Tally  # the clip statistics (S10)
     kl_sum: Tensor | None  # sum of the k3 estimator over valid tokens; None without KL
     loss_grad: Tensor | None  # (B, T) or (N,) d loss / d logp, compute dtype, when asked for
     totals: Totals | None = None  # the reduced sums, with an Across
@@ -124,6 +122,12 @@ class Forward(NamedTuple):
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """float64 stays float64; float32, bf16 and fp16 are computed in float32 (S8)."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def to_dtype(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``x.to(dtype)``, without the call where ``x`` has that dtype (on a small batch a call
+    costs its dispatch, even one that returns ``x``)."""
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 def valid_tokens(mask: Tensor, w_tok: Tensor | None = None) -> Tensor:
@@ -147,139 +151,40 @@ def as_float(valid: Tensor, dtype: torch.dtype) -> Tensor:
     return valid.view(torch.uint8).to(dtype)
 
 
-def rows(values: Tensor) -> Tensor:
-    """Per-row values (B,) as a (B, 1) column that broadcasts against (B, T)."""
-    return values.unsqueeze(-1)
-
-
-def segments(cu_seqlens: Tensor, n_tokens: int) -> Segments:
-    """The rows of packed tokens, without a device sync: offsets clamped into [0, N] and made
-    non-decreasing (so that no values of ``cu_seqlens`` can make a kernel read out of bounds;
-    :func:`gmpo_core._checks.check_cu_seqlens_values` rejects such values on request), and each
-    token's row, ``#{i >= 1: offsets[i] <= t}``, as a cumulative count of row starts."""
-    offsets = torch.cummax(cu_seqlens.to(torch.int64).clamp(0, n_tokens), 0).values
-    # The ends of rows 0..S-1 are the starts of rows 1..S (N for the last and trailing empty
-    # rows); row S does not exist, so the count stops at S - 1. Not ``offsets[1:-1]``: compiled
-    # code would specialize its size S - 1 at 1 (a recompilation between S = 2 and S = 3).
-    ends = offsets[1:]
-    starts = offsets.new_zeros(n_tokens + 1).index_add_(0, ends, torch.ones_like(ends))
-    return Segments(offsets, starts[:n_tokens].cumsum(0).clamp(max=offsets.shape[0] - 2))
-
-
-def row_sum(x: Tensor, seg: Segments | None, exact: bool = False) -> Tensor:
-    """Per-row sums: over the last axis of padded rows (ATen's pairwise sum), over each segment
-    of packed ones accumulated in float64 (a segment's sum is sequential: in float32 it would
-    lose digits with the segment's length). In ``x``'s dtype; with ``exact`` (counts: ``x``
-    holds integers), float64 wherever ``x``'s dtype could not hold every integer of the sum
-    (float32 counts to 2^24). Padded sums in compiled CPU code: see :func:`unguarded`.
-    Packed sums of a tensor that may be differentiated (:func:`differentiated`) are an
-    ``index_add`` over each token's row, which has a double backward and a forward derivative;
-    the others (the forward inside the paths' ``autograd.Function``, counts) a
-    ``torch.segment_reduce``, which has neither but is ~3x faster on CPU (0.18 against 0.59 ms
-    for 164k tokens, torch 2.13). Both sum each segment in token order on CPU, so they agree to
-    the bit there. Shape: (B, T) -> (B,), or (N,) -> (S,)."""
-    if seg is None:
-        wide = exact and x.dtype != torch.float64 and x.shape[-1] > _EXACT_FLOAT32
-        if exact and unguarded(x):  # counts in int32: exact to 2^31, about as fast as float32
-            counts = x.to(torch.int32).sum(-1, dtype=torch.int32)
-            return counts.to(torch.float64 if wide else x.dtype)
-        if wide:
-            return x.sum(-1, dtype=torch.float64)
-        return wide_sum(x, -1)
-    x64 = x.to(torch.float64)
-    if differentiated(x):
-        sums = x64.new_zeros(seg.offsets.shape[0] - 1).index_add(0, seg.ids, x64)
-    else:
-        sums = torch.segment_reduce(x64, "sum", offsets=seg.offsets, unsafe=True)
-    return sums if exact else sums.to(x.dtype)
-
-
-def wide_sum(x: Tensor, dim: int | None = None) -> Tensor:
-    """``x.sum(dim)`` (all of ``x`` when ``dim`` is None) in ``x``'s dtype; accumulated in
-    float64 where :func:`unguarded`. Shape: (..., T) -> (...), or () with ``dim`` None."""
-    if unguarded(x):
-        wide = x.sum(dtype=torch.float64) if dim is None else x.sum(dim, dtype=torch.float64)
-        return wide.to(x.dtype)
-    return x.sum() if dim is None else x.sum(dim)
-
-
-def unguarded(x: Tensor) -> bool:
-    """Whether a sum of ``x`` is traced for Inductor's CPU code in float32 (or lower): there it
-    is taken in another dtype (float64 values, int32 counts). Inductor's CPU code for a float32
-    sum chooses between two loops by whether it runs over more than 4096 elements, and guards
-    that choice on the sizes of the first call: a later call on the other side of 4096 (a
-    (3, 5) batch, then (3, 4100) or (5000, 3)) would compile again. Other dtypes have one loop.
-    Eager code, float64 and other devices sum as ATen does."""
-    return (
-        torch.compiler.is_compiling()
-        and x.device.type == "cpu"
-        and x.is_floating_point()
-        and x.dtype != torch.float64
-    )
-
-
-def differentiated(x: Tensor) -> bool:
-    """Whether a derivative of ``x`` may be taken: it records autograd history (a
-    ``torch.func.grad`` input too), or carries a forward-mode tangent (a dual tensor of
-    ``torch.autograd.forward_ad`` or of ``torch.func.jvp``, which ``unpack_dual`` both see).
-    Traced code is not run in forward mode: there the history decides."""
-    if x.requires_grad:
-        return True
-    return not torch.compiler.is_compiling() and has_tangent(x)
-
-
-def constant(x: Tensor) -> Tensor:
-    """``x`` detached where it records history (a ``detach`` is a call of its own, which counts on
-    small batches: the paths' forward runs without history)."""
-    return x.detach() if x.requires_grad else x
-
-
-def has_tangent(x: Tensor) -> bool:
-    """Whether ``x`` carries a forward-mode tangent at the current level (False outside one)."""
-    return forward_ad.unpack_dual(x).tangent is not None  # type: ignore[no-untyped-call]
-
-
-_EXACT_FLOAT32 = 2**24  # float32 holds every integer up to here
-
-
-def to_tokens(values: Tensor, seg: Segments | None) -> Tensor:
-    """Per-row values where they broadcast against the tokens. Shape: (B,) -> (B, 1), or
-    (S,) -> (N,)."""
-    return rows(values) if seg is None else values.index_select(0, seg.ids)
-
-
 def sign_space(
     r: Tensor, adv: Tensor, h: Hyper, seg: Segments | None = None
-) -> tuple[Tensor, Tensor, Tensor]:
-    """The trust region (S1) in sign space, ``q = sign(A) r``, where every row's region is the
-    upper bound ``q <= eps`` (eps_high where A >= 0, eps_low where A < 0), and under a dual clip
-    also ``q >= -log dual_clip`` where A < 0. Where the result may be differentiated
-    (:func:`differentiated`), each bound is a ``torch.where`` on a strict comparison, which passes
-    the gradient 1 to a value exactly on the bound on every torch (a ``clamp`` passes 1 there on
-    torch 2.4 to 2.13; torch 2.14.1 passes 0.5 with a tensor bound, 0 with a number bound).
-    Elsewhere (the paths' forward, which writes the gradient itself) it is a ``clamp``, the same
-    values in one pass: the comparison and the ``where`` on its bool result took 12 % of a
-    plain call at 256 x 4096 on CPU (docs/benchmarks.md). Equal bounds given as numbers (the
-    plain path's) stay numbers: no per-row tensor of them is made.
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The trust region (S1) in sign space, ``q = sgn r`` with sgn = +1 where A >= 0 and -1
+    where A < 0, where every row's region is the upper bound ``q <= eps`` (eps_high where
+    A >= 0, eps_low where A < 0), and under a dual clip also ``q >= -log dual_clip`` where
+    A < 0. Where the result may be differentiated (:func:`differentiated`), each bound is a
+    ``torch.where`` on a strict comparison, which passes the gradient 1 to a value exactly on the
+    bound on every torch (a ``clamp`` passes 1 there on torch 2.4 to 2.13; torch 2.14.1 passes
+    0.5 with a tensor bound, 0 with a number bound). Elsewhere (the paths' forward, which writes
+    the gradient itself) it is a ``clamp``, the same values in one pass: the comparison and the
+    ``where`` on its bool result took 12 % of a plain call at 256 x 4096 on CPU
+    (docs/benchmarks.md). Equal bounds given as numbers (the plain path's) stay numbers: no
+    per-row tensor of them is made.
 
-    Returns ``(sign, q, clipped q)``. Shape: r (B, T) or (B,), adv (B,) -> sign (B,), q and
-    clipped q of r's shape; or with ``seg``, r (N,) and adv (S,) -> sign (S,), q (N,).
+    Returns ``(sign(A), sgn, q, clipped q)``. Shape: r (B, T) or (B,), adv (B,) -> sign(A) and
+    sgn (B,), q and clipped q of r's shape; or with ``seg``, r (N,) and adv (S,) -> (S,), (S,),
+    (N,), (N,).
     """
-    pos = adv >= 0
-    one = torch.ones_like(adv)
-    sgn = torch.where(pos, one, -one)  # (B,)
+    sign = torch.sign(adv)  # (B,) -1, 0, 1
+    sgn = sign + (sign == 0)  # (B,) -1, 1
     q = r * along(sgn, r, seg)
     cap: Bound
     if isinstance(h.eps_high, float) and h.eps_high == h.eps_low:
         cap = h.eps_high
     else:
-        cap = along(torch.where(pos, one * h.eps_high, one * h.eps_low), r, seg)
+        one = torch.ones_like(adv)
+        cap = along(torch.where(sgn > 0, one * h.eps_high, one * h.eps_low), r, seg)
     exact = differentiated(q)  # the gradient on a bound is 1 on every torch
     cq = torch.where(q > cap, cap, q) if exact else q.clamp(max=cap)
     if h.log_dual is not None:
-        floor = along(torch.where(pos, -math.inf, one * -h.log_dual), r, seg)
+        floor = along(torch.where(sgn > 0, -math.inf, -h.log_dual * torch.ones_like(adv)), r, seg)
         cq = torch.where(cq < floor, floor, cq) if exact else cq.clamp(min=floor)
-    return sgn, q, cq
+    return sign, sgn, q, cq
 
 
 def along(values: Tensor, r: Tensor, seg: Segments | None) -> Tensor:
@@ -294,7 +199,7 @@ def trust_region(r: Tensor, adv: Tensor, h: Hyper, seg: Segments | None = None) 
     """The clipped log-ratio c (S1): ``min(r, eps_high)`` where A >= 0, ``max(r, -eps_low)``
     (and ``min(., log dual_clip)``) where A < 0. Shape: r (B, T) or (B,), adv (B,) -> r's; or
     with ``seg``, r (N,), adv (S,) -> (N,)."""
-    sgn, _, cq = sign_space(r, adv, h, seg)
+    _, sgn, _, cq = sign_space(r, adv, h, seg)
     return cq * along(sgn, r, seg)
 
 
@@ -333,11 +238,11 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
     """
     dt = compute_dtype(b.logp.dtype)
     seg = None if b.cu_seqlens is None else segments(b.cu_seqlens, b.logp.shape[0])
-    logp, adv = b.logp.to(dt), b.adv.to(dt)
+    logp, adv = to_dtype(b.logp, dt), to_dtype(b.adv, dt)
     valid = valid_tokens(b.mask, b.w_tok)  # (B, T) bool
     mf = as_float(valid, dt)  # (B, T) 0/1
-    r = torch.where(valid, logp - b.old_logp.to(dt), 0)  # (B, T), exactly 0 at invalid positions
-    sgn, q, cq = sign_space(r, adv, h, seg)  # (B,), (B, T), (B, T): cq is 0 where r is
+    r = torch.where(valid, logp - to_dtype(b.old_logp, dt), 0)  # (B, T), 0 at invalid positions
+    sign, sgn, q, cq = sign_space(r, adv, h, seg)  # (B,) x2, (B, T) x2: cq is 0 where r is
     cq_rows, n_rows = row_sum(cq, seg), row_sum(mf, seg, exact=True)  # (B,) each
     log_w_rows = kl_rows = em1 = None
     if b.w_tok is not None:  # per-token weights enter as their geometric mean (S7)
@@ -352,20 +257,21 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
         sums = RowSums(sums.cq, sums.n, sums.log_w, sums.kl, clip.cut_rows, clip.signed_rows)
         reduced, lo, hi, totals = all_rows(sums.present(), clip.lo, clip.hi, across)
         sums = sums.replaced(reduced)
-        clip = Cuts(clip.cut, reduced[-2], reduced[-1], lo, hi)  # present(): cut, signed last
+        clip = Cuts(clip.s, reduced[-2], reduced[-1], lo, hi)  # present(): cut, signed last
     n_exact = sums.n  # counts stay exact (float64 where float32 would not be)
     sums = sums.to(dt)
     n = sums.n
     nf = n.clamp(min=1)
     log_coef = sgn * sums.cq / nf  # (B,) the log geometric mean of the clipped ratios (S2)
-    active = (adv != 0) & (n > 0)  # (B,) empty and A = 0 rows: policy term exactly 0 (S4, S5)
+    # (B,) empty and A = 0 rows (sign(A) n = 0): policy term exactly 0 (S4, S5)
+    active = (sign * n) != 0
     log_w = log_coef
     if sums.log_w is not None:
         log_w = log_coef + sums.log_w / nf
-    policy = -adv * torch.exp(torch.where(active, log_w, 0))  # (B,)
+    # exp(-inf) = 0 in inactive rows, where no gradient reaches log_w (no inf * 0 in a backward)
+    policy = -adv * torch.exp(torch.where(active, log_w, -math.inf))  # (B,)
     if b.w_row is not None:
-        policy = policy * b.w_row.to(dt)
-    policy = torch.where(active, policy, 0)
+        policy = torch.where(active, policy * b.w_row.to(dt), 0)
     per_seq, kl_sum = policy, None
     if em1 is not None and sums.kl is not None:
         per_seq = policy + h.beta * sums.kl / nf
@@ -373,27 +279,13 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
     if clip is None:  # after the policy term, as compiled code schedules it best
         clip = clip_signs(r, q, cq, mf, seg, dual=h.log_dual is not None)
     del r, q, cq  # no longer needed: the gradient's (B, T) temporaries can take their memory
-    stats = clip_stats(clip, adv, n_exact, dual=h.log_dual is not None)
+    stats = tally(clip, sign, n_exact, nf, dual=h.log_dual is not None)
     rows_b = max(per_seq.shape[0], 1)
     loss = wide_sum(per_seq) / rows_b  # mean over rows; 0 when B = 0 (S4)
     grad = None
-    if with_grad:  # mf - |s| = passes
-        grad = (mf - clip.cut) * to_tokens(policy.detach() / (nf * rows_b), seg)  # (B, T)
+    if with_grad:
+        grad = passes(mf, clip, dual=h.log_dual is not None)
+        grad = grad * to_tokens(constant(policy) / (nf * rows_b), seg)  # (B, T)
         if em1 is not None:
             grad = grad - em1.detach() * to_tokens(h.beta / (nf * rows_b), seg)
     return Forward(loss, per_seq, log_coef, stats, kl_sum, grad, totals)
-
-
-def clip_signs(
-    r: Tensor, q: Tensor, cq: Tensor, mf: Tensor, seg: Segments | None, dual: bool = True
-) -> Cuts:
-    """Where the trust region cut q (:class:`Cuts`). Without ``dual`` (no dual clip) ``s`` is
-    never positive: ``|s| = -s``, and the cut rows are the negated signed rows, one row sum fewer.
-    Shape: r, q, cq, mf (B, T) or (N,)."""
-    lo, hi = log_ratio_range(constant(r), mf)  # first: fewer (B, T) tensors alive at once
-    s = torch.sign(constant(cq) - constant(q))  # (B, T)
-    signed = row_sum(s, seg, exact=True)
-    if not dual:
-        return Cuts(-s, -signed, signed, lo, hi)
-    a = s.abs()
-    return Cuts(a, row_sum(a, seg, exact=True), signed, lo, hi)

@@ -35,7 +35,7 @@ import math
 import torch
 from torch import Tensor
 
-from gmpo_core._math import Segments, row_sum, to_tokens
+from gmpo_core._rows import Segments, row_sum, to_tokens
 
 #: Below this |p|, the expansion ``mean + p var / 2`` (it then equals the power mean to within
 #: 1e-40 max|x - mean|^3); at and above, the power mean itself.

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gmpo_core import _across, _agree, _checks, _math, compiled
+from gmpo_core import _across, _agree, _checks, _math, _rows, compiled
+from gmpo_core._counts import Tally
 from gmpo_core.metrics import ClipStats
 from gmpo_core.options import EPSILON, Impl, check_impl
 
@@ -30,14 +31,21 @@ class GMPOOutput:
     loss: Tensor
     per_sequence_loss: Tensor
     log_coef: Tensor
-    stats: ClipStats
+    _tally: Tally  # the statistics as two tensors, which ``stats`` and ``metrics`` read
     kl_sum: Tensor | None  # sum of the k3 estimator over valid tokens; None when beta == 0
+
+    @property
+    def stats(self) -> ClipStats:
+        """Counts and extrema over the valid tokens (docs/semantics.md S10), made on each access
+        (a few scalar operations; traceable by ``torch.compile``)."""
+        return self._tally.stats()
 
     @property
     def metrics(self) -> Mapping[str, Tensor]:
         """The local metrics (docs/semantics.md, "Metrics") as 0-d detached tensors, computed on
-        each access from ``stats`` (a few scalar operations; traceable by ``torch.compile``)."""
-        return self.stats.metrics(self.kl_sum)
+        each access from the statistics (a few scalar operations; traceable by
+        ``torch.compile``): the values ``stats.metrics(kl_sum)`` gives."""
+        return self._tally.metrics(self.kl_sum)
 
 
 def gmpo_loss(
@@ -134,7 +142,8 @@ def gmpo_loss(
     else:
         kernel = _math.forward
     with_grad = logp.requires_grad and torch.is_grad_enabled()  # a backward may come
-    out = _GMPO.apply(*b, h, kernel, (across, with_grad))  # type: ignore[no-untyped-call]
+    side = (across, with_grad)
+    out = _GMPO.apply(b.logp, b, h, kernel, side)  # type: ignore[no-untyped-call]
     return GMPOOutput(*out)
 
 
@@ -168,7 +177,7 @@ def _transformed(b: _math.Batch) -> bool:
     ``torch.func.debug_unwrap`` and ``torch.autograd.forward_ad.unpack_dual``, the public APIs
     that see them; a torch without ``debug_unwrap`` (2.4) runs ``torch.func`` calls through the
     Function, which torch's transforms refuse with an error."""
-    if _math.has_tangent(b.logp):
+    if _rows.has_tangent(b.logp):
         return True
     unwrap = getattr(torch.func, "debug_unwrap", None)
     if unwrap is None:
@@ -187,22 +196,18 @@ class _GMPO(torch.autograd.Function):
     def forward(
         ctx: Any,
         logp: Tensor,
-        old_logp: Tensor,
-        adv: Tensor,
-        mask: Tensor,
-        ref_logp: Tensor | None,
-        w_tok: Tensor | None,
-        w_row: Tensor | None,
-        cu_seqlens: Tensor | None,
+        b: _math.Batch,
         h: _math.Hyper,
         kernel: Callable[..., _math.Forward],
         side: tuple[_across.Across | None, bool],
-    ) -> tuple[Tensor, Tensor, Tensor, ClipStats, Tensor | None]:
+    ) -> tuple[Tensor, Tensor, Tensor, Tally, Tensor | None]:
+        # ``logp`` (the one input with a gradient, ``b.logp``) is an argument; the constants of
+        # the loss travel inside ``b``, not as arguments of their own: ``apply`` costs about a
+        # microsecond per argument. They are saved for a recomputing backward all the same.
         across, with_grad = side
-        b = _math.Batch(logp, old_logp, adv, mask, ref_logp, w_tok, w_row, cu_seqlens)
         fw = kernel(b, h, with_grad, across)
-        ctx.save_for_backward(logp, old_logp, adv, mask, ref_logp, w_tok, w_row, cu_seqlens)
-        ctx.h = h
+        ctx.save_for_backward(*b)
+        ctx.h, ctx.dtype = h, logp.dtype
         # the recomputing backward reuses the reduced sums: no collective in a backward
         ctx.across = None if across is None else across._replace(totals=fw.totals)
         ctx.loss_grad = fw.loss_grad  # not an output: no reference cycle; used once
@@ -218,18 +223,18 @@ class _GMPO(torch.autograd.Function):
         ctx: Any, g_loss: Tensor | None, g_ps: Tensor | None, g_lc: Tensor | None, *_: Any
     ) -> tuple[Tensor | None, ...]:
         grad, ctx.loss_grad = ctx.loss_grad, None  # handed on, so autograd need not copy it
-        saved = ctx.saved_tensors  # read once: a checkpoint unpacks each saved tensor once
         nones = (None,) * _INPUTS_AFTER_LOGP
         if grad is None or g_lc is not None or torch.is_grad_enabled():
-            return (_autograd_grad(ctx, saved, (g_loss, g_ps, g_lc)), *nones)
-        logp, cu_seqlens = saved[0], saved[-1]
+            # the saved tensors are read here only: a checkpoint unpacks each one once
+            return (_autograd_grad(ctx, ctx.saved_tensors, (g_loss, g_ps, g_lc)), *nones)
         if g_ps is not None:  # d/d per_sequence_loss_i = B d/d loss for every row
             scale = g_ps.to(grad.dtype) * max(len(g_ps), 1)
             scale = scale if g_loss is None else scale + g_loss.to(grad.dtype)
-            seg = None if cu_seqlens is None else _math.segments(cu_seqlens, grad.shape[0])
-            scale = _math.to_tokens(scale, seg)
+            cu_seqlens = ctx.saved_tensors[-1]
+            seg = None if cu_seqlens is None else _rows.segments(cu_seqlens, grad.shape[0])
+            scale = _rows.to_tokens(scale, seg)
         elif g_loss is None:
-            return (grad.zero_().to(logp.dtype), *nones)
+            return (grad.zero_().to(ctx.dtype), *nones)
         else:
             scale = g_loss.to(grad.dtype)
         try:  # in place; loss.backward() on CPU (an upstream gradient of 1) skips the multiply
@@ -237,7 +242,7 @@ class _GMPO(torch.autograd.Function):
                 grad.mul_(scale)
         except RuntimeError:  # a batched upstream gradient (vmap, is_grads_batched) refuses
             grad = grad * scale  # in-place writes and host reads, before touching ``grad``
-        return (grad.to(logp.dtype), *nones)
+        return (grad.to(ctx.dtype), *nones)
 
 
 #: the Function's inputs after ``logp``, none of which gets a gradient

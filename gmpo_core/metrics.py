@@ -72,14 +72,17 @@ def minima(stats: ClipStats) -> Tensor:
 def metrics(sums: Tensor, minima: Tensor, dual: bool, kl: bool = False) -> dict[str, Tensor]:
     """The metrics from (reduced) :func:`sums` and :func:`minima`, as 0-d tensors of ``minima``'s
     dtype. Fractions are 0 and extrema NaN when there is no valid token; ``clip_ratio/dual_mean``
-    only with a dual clip and ``kl`` (token mean of k3) only when ``kl``."""
+    only with a dual clip and ``kl`` (token mean of k3) only when ``kl``. ``sums`` may also be
+    its first 3 entries (no dual clip, no KL) or 4 (no KL)."""
     dt = minima.dtype
     # select/narrow, not []: indexing a tensor needs a device guard for it (fake CUDA tensors
     # of a CPU-only torch have none)
     num = sums.select(0, 0)
-    fractions = (sums.narrow(0, 1, 4) / num.clamp(min=1)).to(dt)  # (4,) low, high, dual, kl
+    # low, high, then dual and kl where given
+    fractions = (sums.narrow(0, 1, sums.shape[0] - 1) / num.clamp(min=1)).to(dt)
     extrema = torch.where(num > 0, minima, float("nan"))  # (4,) maxima negated
-    low, high, dual_mean, kl_mean = fractions.unbind()
+    parts = fractions.unbind()
+    low, high = parts[0], parts[1]
     lr_min, neg_lr_max, row_low, neg_row_high = extrema.unbind()
     out = {
         "clip_ratio/low_mean": low,
@@ -91,7 +94,7 @@ def metrics(sums: Tensor, minima: Tensor, dual: bool, kl: bool = False) -> dict[
         "log_ratio/max": -neg_lr_max,
     }
     if dual:
-        out["clip_ratio/dual_mean"] = dual_mean
+        out["clip_ratio/dual_mean"] = parts[2]
     if kl:
-        out["kl"] = kl_mean
+        out["kl"] = parts[3]
     return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gmpo_core import _checks, _counts, _math, _power
+from gmpo_core import _checks, _counts, _math, _power, _rows
 from gmpo_core.metrics import ClipStats
 from gmpo_core.options import EPSILON, check_hyperparameters, check_power
 
@@ -22,7 +22,7 @@ def _hyper(epsilon: float, epsilon_high: float | None, dual_clip: float | None) 
 
 def _segments(
     cu_seqlens: Tensor | None, tokens: Tensor, name: str, segments: int | None = None
-) -> _math.Segments | None:
+) -> _rows.Segments | None:
     """Packed rows: ``tokens`` (N,) and ``cu_seqlens`` (S + 1,), S = ``segments`` if given."""
     if cu_seqlens is None:
         return None
@@ -34,12 +34,12 @@ def _segments(
     rows = len(cu_seqlens) - 1 if segments is None else segments
     _checks.check_cu_seqlens(cu_seqlens, rows, tokens.shape[0])
     _checks.check_devices(name, tokens, {"cu_seqlens": cu_seqlens})
-    return _math.segments(cu_seqlens.detach(), tokens.shape[0])
+    return _rows.segments(cu_seqlens.detach(), tokens.shape[0])
 
 
 def _log_ratio_rows(
     log_ratio: Tensor, advantages: Tensor, cu_seqlens: Tensor | None, others: dict[str, Tensor]
-) -> _math.Segments | None:
+) -> _rows.Segments | None:
     """Check a log-ratio, its advantages and ``others`` (shapes, dtypes, devices); return the
     rows of packed input (None: padded)."""
     _checks.floating("log_ratio", log_ratio)
@@ -116,7 +116,7 @@ def masked_geometric_mean(
     _checks.check_devices("log_values", log_values, {"mask": mask})
     seg = _segments(cu_seqlens, log_values, "log_values")
     valid = _math.valid_tokens(_checks.check_mask(mask, log_values, "log_values"))
-    n = _math.row_sum(_math.as_float(valid, log_values.dtype), seg)
+    n = _rows.row_sum(_math.as_float(valid, log_values.dtype), seg)
     return _math.masked_mean(log_values, valid, n, seg)
 
 
@@ -151,7 +151,7 @@ def masked_power_mean(
     _checks.check_devices("log_values", log_values, {"mask": mask})
     seg = _segments(cu_seqlens, log_values, "log_values")
     valid = _math.valid_tokens(_checks.check_mask(mask, log_values, "log_values"))
-    n = _math.row_sum(_math.as_float(valid, dt), seg)
+    n = _rows.row_sum(_math.as_float(valid, dt), seg)
     return _power.log_power_mean(log_values.to(dt), valid, n, exponent, seg)
 
 
@@ -179,7 +179,7 @@ def sequence_kl(
     return _math.masked_mean(
         _math.k3(logp, ref_logp.detach(), valid)[0],
         valid,
-        _math.row_sum(_math.as_float(valid, logp.dtype), seg),
+        _rows.row_sum(_math.as_float(valid, logp.dtype), seg),
         seg,
     )
 
@@ -211,10 +211,8 @@ def clip_metrics(
     r = torch.where(valid, log_ratio.detach(), 0)
     mf = _math.as_float(valid, r.dtype)
     adv = advantages.detach().to(r.dtype)
-    _, q, cq = _math.sign_space(r, adv, h, seg)
-    s = torch.sign(cq - q)  # -1 where cut at eps, +1 at the dual cap
-    lo, hi = _counts.log_ratio_range(r, mf)
-    a = s.abs()
-    cut, signed, n = (_math.row_sum(x, seg, exact=True) for x in (a, s, mf))
-    cuts = _counts.Cuts(a, cut, signed, lo, hi)
-    return _counts.clip_stats(cuts, adv, n, dual=h.log_dual is not None)
+    sign, _, q, cq = _math.sign_space(r, adv, h, seg)
+    dual = h.log_dual is not None
+    cuts = _counts.clip_signs(r, q, cq, mf, seg, dual=dual)
+    n = _rows.row_sum(mf, seg, exact=True)
+    return _counts.clip_stats(cuts, sign, n, dual=dual)

@@ -73,10 +73,10 @@ def _to_cpu(out: GMPOOutput) -> GMPOOutput:
     def cpu(t: torch.Tensor | None) -> Any:
         return None if t is None else t.cpu()
 
-    stats = type(out.stats)(*(cpu(f) for f in out.stats))
+    tally = type(out._tally)(*(cpu(f) for f in out._tally))
     return dataclasses.replace(
         out, loss=cpu(out.loss), per_sequence_loss=cpu(out.per_sequence_loss),
-        log_coef=cpu(out.log_coef), stats=stats, kl_sum=cpu(out.kl_sum),
+        log_coef=cpu(out.log_coef), _tally=tally, kl_sum=cpu(out.kl_sum),
     )  # fmt: skip
 
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from gmpo_core import masked_geometric_mean, sequence_kl
+from gmpo_core.metrics import metrics, minima, sums
 from tests._helpers import (
     run,
     valid_log_ratio,
@@ -151,3 +152,19 @@ def test_valid_log_ratio_helper_excludes_masked() -> None:
     b = Batch(np.zeros((1, 2), np.float32), np.array([[1.0, 2.0]], np.float32), np.ones(1, np.float32),
               np.array([[True, False]]), {"epsilon": 0.4})  # fmt: skip
     assert valid_log_ratio(b).tolist() == [-1.0]
+
+
+@given(batches(min_size=0))
+def test_output_metrics_are_the_stats_metrics_to_the_bit(impl: str, batch: Batch) -> None:
+    """``GMPOOutput.metrics`` reads the call's two statistics tensors directly; ``stats.metrics``
+    and the adapters' reductions (``sums``, ``minima``, then ``metrics``) go through the
+    ``ClipStats`` record: the same values, to the bit, with and without KL and dual clip, empty
+    batches and rows included."""
+    out, _ = run(batch, impl)
+    dual = "dual_clip" in batch.kwargs
+    via_record = out.stats.metrics(out.kl_sum)
+    reduced = metrics(sums(out.stats, out.kl_sum), minima(out.stats), dual, out.kl_sum is not None)
+    for other in (via_record, reduced):
+        assert out.metrics.keys() == other.keys()
+        for key, value in out.metrics.items():
+            torch.testing.assert_close(value, other[key], rtol=0, atol=0, equal_nan=True)
