@@ -244,3 +244,23 @@ def test_token_weights_of_rows_without_tokens(impl: str) -> None:
     out.loss.backward()
     assert out.loss.item() == 0.0 and out.per_sequence_loss.tolist() == [0.0, 0.0]
     assert logp.grad is not None and logp.grad.shape == (2, 0)
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (0, 4), (2, 0)])
+def test_no_valid_token_gives_infinite_extrema_and_nan_metrics(
+    impl: str, shape: tuple[int, int]
+) -> None:
+    """With no valid token (all masked, no rows, rows of no token), the extrema are the empty
+    min and max (docs/semantics.md S10): +inf and -inf, not the largest float; the metrics'
+    extrema are NaN and their fractions 0."""
+    logp = torch.randn(shape)
+    out = gmpo_loss(logp, logp + 1.0, torch.ones(shape[0]), torch.zeros(shape), dual_clip=2.0,
+                    impl=impl)  # fmt: skip
+    s, inf = out.stats, math.inf
+    assert (s.log_ratio_min.item(), s.log_ratio_max.item()) == (inf, -inf)
+    assert (s.row_clip_low_min.item(), s.row_clip_high_max.item()) == (inf, -inf)
+    assert s.num_tokens.item() == s.num_clipped_high.item() == s.num_clipped_dual.item() == 0
+    m = out.metrics
+    assert all(math.isnan(m[k].item()) for k in ("log_ratio/min", "log_ratio/max",
+               "clip_ratio/low_min", "clip_ratio/high_max"))  # fmt: skip
+    assert m["clip_ratio/high_mean"].item() == m["clip_ratio/dual_mean"].item() == 0.0
