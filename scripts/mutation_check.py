@@ -181,7 +181,7 @@ M = [
         "adapters/gmpo_verl/loss.py",
         'if mode == "token-mean" and batch.denominator < local_tokens:',
         "if False:",
-        "tests/verl/test_loss.py -k too_few_global_tokens",
+        "tests/verl/test_loss_config.py -k too_few_global_tokens",
     ),
     (
         "packed row sums accumulate in float32",
