@@ -95,12 +95,13 @@ figures-verl: setup
 	$(BIN)/python -m verl_cpu.figures
 
 ## docs/benchmarks.md's numbers: the loss benchmark (time per call against TRL's and verl's
-## GMPO, memory, compile time and break-even; packed against padded sequences);
-## results/figures-bench/loss_cpu.* and packed_cpu.*. Minutes. (results/figures-bench/vllm_cpu.*
+## GMPO, memory, compile time and break-even; a small call's parts; packed against padded
+## sequences); results/figures-bench/loss_cpu.*, overhead_cpu.* and packed_cpu.*. Minutes. (results/figures-bench/vllm_cpu.*
 ## and vllm_runs.* are make figures-vllm's, in the vLLM environment: docs/vllm.md.)
-#: the loss and packed benchmarks: results/figures-bench/loss_cpu.*, packed_cpu.*
+#: the loss, overhead and packed benchmarks: results/figures-bench/loss_cpu.*, overhead_cpu.*, packed_cpu.*
 figures-bench: setup
 	$(BIN)/python benchmarks/bench_loss.py
+	$(BIN)/python benchmarks/bench_overhead.py
 	$(BIN)/python benchmarks/bench_packed.py
 
 ## the bench extra's environment (liger-kernel, which pulls in Triton, kept out of .venv):

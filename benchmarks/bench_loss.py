@@ -92,13 +92,15 @@ def make_inputs(
     return x
 
 
-def make_step(impl: str, x: dict[str, Tensor]) -> Step:
-    """One forward+backward of ``impl`` on ``x``; returns the loss."""
+def make_step(impl: str, x: dict[str, Tensor], backward_too: bool = True) -> Step:
+    """One forward+backward of ``impl`` on ``x`` (the forward alone without ``backward_too``);
+    returns the loss."""
     logp, old, adv, mask = x["logp"], x["old_logp"], x["advantages"], x["mask"]
 
     def backward(loss: Tensor) -> Tensor:
-        loss.backward()
-        logp.grad = None
+        if backward_too:
+            loss.backward()
+            logp.grad = None
         return loss
 
     if impl.startswith("gmpo"):
@@ -273,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--quick", action="store_true", help="tiny shapes, no memory or compile study")
-    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--repeats", type=int, default=200, help="timed calls per shape and row")
     p.add_argument("--calls", type=int, default=200, help="calls of the break-even loop")
     p.add_argument("--no-write", action="store_true", help="print the report only")
     p.add_argument("--device", default="cpu", help="cuda: times only (no memory or compile study)")
