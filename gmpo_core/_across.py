@@ -36,9 +36,10 @@ class Across(NamedTuple):
 
 
 def all_rows(
-    parts: list[Tensor], lo: Tensor, hi: Tensor, across: Across
+    parts: list[Tensor], lo: Tensor, neg_hi: Tensor, across: Across
 ) -> tuple[list[Tensor], Tensor, Tensor, Totals]:
-    """The per-row sums ``parts`` and the token range ``lo``, ``hi`` over every rank of
+    """The per-row sums ``parts`` and the token range ``lo``, ``neg_hi`` (min r, -max r) over
+    every rank of
     ``across.group`` (or ``across.totals``): first the range with MIN (:func:`first_collective`),
     then the sums with SUM. Each reduced sum keeps the local sum's gradient (the other ranks'
     tokens are constants here), so a rank's gradient is the whole rows' gradient at its own
@@ -46,29 +47,29 @@ def all_rows(
     totals = across.totals
     if totals is None:
         sums = torch.stack([p.detach() for p in parts])  # (k, B)
-        first = first_collective(lo, hi, sums)
+        first = first_collective(lo, neg_hi, sums)
         dist.all_reduce(first, op=dist.ReduceOp.MIN, group=across.group)
         dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=across.group)
         totals = Totals(sums, first[:2].to(lo.dtype))
     reduced = [through(p, t) for p, t in zip(parts, totals.sums.unbind(), strict=True)]
-    return reduced, totals.minima[0], -totals.minima[1], totals
+    return reduced, totals.minima[0], totals.minima[1], totals
 
 
 #: The dtypes the sums of :func:`all_rows` can have, by their code in :func:`first_collective`.
 SUMS_DTYPES = (torch.float32, torch.float64)
 
 
-def first_collective(lo: Tensor, hi: Tensor, sums: Tensor) -> Tensor:
+def first_collective(lo: Tensor, neg_hi: Tensor, sums: Tensor) -> Tensor:
     """The payload of a split forward's first collective, an all-reduce with MIN: the same
     size and dtype whatever the call, so that a rank in the agreement step (``check_values``,
     :mod:`gmpo_core._agree`), whose first collective has this form too, meets it instead of
     hanging: ``[min r, -max r, 0, -sums.numel(), -(code of sums.dtype)]``, float64 (exact for
-    ``lo``, ``hi`` and the counts). A 0 in slot 2 tells an agreeing rank that a rank is in its
+    ``lo``, ``neg_hi`` and the counts). A 0 in slot 2 tells an agreeing rank that a rank is in its
     forward, and slots 3 and 4 the all-reduce with SUM it runs next. Shape: (5,)."""
     lo64 = lo.to(torch.float64)
     numel = torch.ones_like(sums, dtype=torch.float64).sum()  # no host value: dynamic sizes
     code = lo64.new_full((), -float(SUMS_DTYPES.index(sums.dtype)))
-    return torch.stack([lo64, -hi.to(torch.float64), torch.zeros_like(lo64), -numel, code])
+    return torch.stack([lo64, neg_hi.to(torch.float64), torch.zeros_like(lo64), -numel, code])
 
 
 def through(local: Tensor, total: Tensor) -> Tensor:

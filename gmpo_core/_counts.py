@@ -18,17 +18,17 @@ from gmpo_core.metrics import ClipStats, metrics
 class Cuts(NamedTuple):
     """Where the trust region cut, with s = -1 where the clamp cut q at eps, +1 at the dual cap,
     0 elsewhere (invalid tokens too): ``s`` per token, per row ``sum |s|`` and ``sum s``, and
-    the range of the log-ratio over valid tokens (:func:`log_ratio_range`). Without a dual clip
+    the range of the log-ratio over valid tokens, its maximum negated (:func:`log_ratio_range`). Without a dual clip
     ``s`` is never positive.
 
-    Shape: s (B, T) or (N,); cut_rows, signed_rows (B,); lo, hi ().
+    Shape: s (B, T) or (N,); cut_rows, signed_rows (B,); lo, neg_hi ().
     """
 
     s: Tensor
     cut_rows: Tensor
     signed_rows: Tensor
-    lo: Tensor
-    hi: Tensor
+    lo: Tensor  # min r
+    neg_hi: Tensor  # -max r
 
 
 class Tally(NamedTuple):
@@ -70,14 +70,14 @@ class Tally(NamedTuple):
 
 
 def log_ratio_range(r: Tensor, mf: Tensor) -> tuple[Tensor, Tensor]:
-    """Min and max of ``r`` over valid tokens (``mf``: 0/1), ``+big`` and ``-big`` (the dtype's
-    largest float) where there is none (:func:`tally` turns them into ±inf).
+    """Min of ``r`` and min of ``-r`` (the max negated) over valid tokens (``mf``: 0/1), ``+big``
+    (the dtype's largest float) where there is none (:func:`tally` turns it into +inf).
     Shape: (B, T) or (N,) -> (), ()."""
     # invalid tokens are pushed out of reach by the largest float (one pass; a log of mf, which
     # would give ±inf at once, is ~20x slower on CPU, where most of mf is 1 and log(0) is slow)
     big = torch.finfo(r.dtype).max
     far = torch.rsub(mf, big, alpha=big)  # big - big mf: 0 at valid tokens
-    return extreme(r + far, "min"), extreme(r - far, "max")
+    return extreme(r + far, "min"), extreme(far - r, "min")
 
 
 def clip_signs(
@@ -86,11 +86,11 @@ def clip_signs(
     """Where the trust region cut q (:class:`Cuts`). Without ``dual`` (no dual clip) ``s`` is
     never positive: ``|s| = -s``, and the cut rows are the negated signed rows, one row sum fewer.
     Shape: r, q, cq, mf (B, T) or (N,)."""
-    lo, hi = log_ratio_range(constant(r), mf)  # first: fewer (B, T) tensors alive at once
+    lo, neg_hi = log_ratio_range(constant(r), mf)  # first: fewer (B, T) tensors alive at once
     s = torch.sign(constant(cq) - constant(q))  # (B, T)
     signed = row_sum(s, seg, exact=True)
     cut = row_sum(s.abs(), seg, exact=True) if dual else -signed
-    return Cuts(s, cut, signed, lo, hi)
+    return Cuts(s, cut, signed, lo, neg_hi)
 
 
 def passes(mf: Tensor, c: Cuts, dual: bool = True) -> Tensor:
@@ -112,7 +112,7 @@ def tally(c: Cuts, sign: Tensor, n: Tensor, nf: Tensor | None = None, dual: bool
 
     ``nf``: ``n.clamp(min=1)``, where the caller has it.
 
-    Shape: c.lo, c.hi (); c.cut_rows, c.signed_rows, sign, n, nf (B,).
+    Shape: c.lo, c.neg_hi (); c.cut_rows, c.signed_rows, sign, n, nf (B,).
     """
     neg_at_eps = (c.signed_rows - c.cut_rows) / 2 if dual else c.signed_rows  # (B,)
     rows = neg_at_eps * torch.stack((sign.clamp(max=0), sign.clamp(min=0)))  # (2, B) low, -high
@@ -122,10 +122,10 @@ def tally(c: Cuts, sign: Tensor, n: Tensor, nf: Tensor | None = None, dual: bool
     sums = torch.cat(per_row).sum(-1, dtype=torch.float64).abs()  # exact: integers
     nf = n.clamp(min=1) if nf is None else nf
     fractions = torch.where(n > 0, rows / nf, math.inf)  # (2, B), empty rows out
-    minima = torch.cat((torch.stack((c.lo, -c.hi)), extreme(fractions, "min", rows=False)))
+    minima = torch.cat((torch.stack((c.lo, c.neg_hi)), extreme(fractions, "min", rows=False)))
     # the range where no token was valid: ±big, the entries +inf then (the fractions' are too)
     minima = torch.where(minima >= torch.finfo(c.lo.dtype).max, math.inf, minima)
-    return Tally(sums, minima.to(c.lo.dtype))
+    return Tally(sums, minima if minima.dtype == c.lo.dtype else minima.to(c.lo.dtype))
 
 
 def clip_stats(c: Cuts, sign: Tensor, n: Tensor, dual: bool = True) -> ClipStats:

@@ -255,9 +255,9 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
     if across is not None:  # every sum before the exponential
         clip = clip_signs(r, q, cq, mf, seg, dual=h.log_dual is not None)
         sums = RowSums(sums.cq, sums.n, sums.log_w, sums.kl, clip.cut_rows, clip.signed_rows)
-        reduced, lo, hi, totals = all_rows(sums.present(), clip.lo, clip.hi, across)
+        reduced, lo, neg_hi, totals = all_rows(sums.present(), clip.lo, clip.neg_hi, across)
         sums = sums.replaced(reduced)
-        clip = Cuts(clip.s, reduced[-2], reduced[-1], lo, hi)  # present(): cut, signed last
+        clip = Cuts(clip.s, reduced[-2], reduced[-1], lo, neg_hi)  # present(): cut, signed last
     n_exact = sums.n  # counts stay exact (float64 where float32 would not be)
     sums = sums.to(dt)
     n = sums.n

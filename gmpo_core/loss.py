@@ -160,7 +160,7 @@ def _batch(x: _checks.Inputs, h: _math.Hyper, cu_seqlens: Tensor | None) -> _mat
         logp=logp,
         old_logp=logp.detach() if x.old_logp is None else x.old_logp.detach(),
         adv=x.advantages.detach(),
-        mask=x.mask.detach(),
+        mask=_rows.constant(x.mask),  # only compared with 0: a tangent cannot reach the loss
         ref_logp=x.ref_logp.detach() if h.beta != 0 and x.ref_logp is not None else None,
         w_tok=w_tok,
         w_row=w_row,

@@ -78,11 +78,11 @@ def metrics(sums: Tensor, minima: Tensor, dual: bool, kl: bool = False) -> dict[
     # select/narrow, not []: indexing a tensor needs a device guard for it (fake CUDA tensors
     # of a CPU-only torch have none)
     num = sums.select(0, 0)
-    # low, high, then dual and kl where given
-    fractions = (sums.narrow(0, 1, sums.shape[0] - 1) / num.clamp(min=1)).to(dt)
+    # [tokens / tokens (unused), low, high, then dual and kl where given]
+    fractions = (sums / num.clamp(min=1)).to(dt)
     extrema = torch.where(num > 0, minima, float("nan"))  # (4,) maxima negated
     parts = fractions.unbind()
-    low, high = parts[0], parts[1]
+    low, high = parts[1], parts[2]
     lr_min, neg_lr_max, row_low, neg_row_high = extrema.unbind()
     out = {
         "clip_ratio/low_mean": low,
@@ -94,7 +94,7 @@ def metrics(sums: Tensor, minima: Tensor, dual: bool, kl: bool = False) -> dict[
         "log_ratio/max": -neg_lr_max,
     }
     if dual:
-        out["clip_ratio/dual_mean"] = parts[2]
+        out["clip_ratio/dual_mean"] = parts[3]
     if kl:
-        out["kl"] = parts[3]
+        out["kl"] = parts[4]
     return out
