@@ -71,18 +71,18 @@ def check_inputs(x: Inputs, cu_seqlens: object | None = None) -> Tensor:
     logp (B, T), advantages (B,)) or packed segments (logp (N,), advantages (S,), cu_seqlens
     (S + 1,)); return the mask."""
     packed = cu_seqlens is not None
-    floating("logp", x.logp)
-    if not packed and x.logp.dim() != 2:
-        raise ValueError(f"logp must have shape (B, T), got {_fmt(x.logp)}")
-    if packed and x.logp.dim() != 1:
-        raise ValueError(f"with cu_seqlens, logp must have shape (N,) (packed), got {_fmt(x.logp)}")
+    logp = x.logp
+    floating("logp", logp)
+    if not packed and logp.dim() != 2:
+        raise ValueError(f"logp must have shape (B, T), got {_fmt(logp)}")
+    if packed and logp.dim() != 1:
+        raise ValueError(f"with cu_seqlens, logp must have shape (N,) (packed), got {_fmt(logp)}")
     for name, t in (("old_logp", x.old_logp), ("ref_logp", x.ref_logp)):
         if t is not None:
             floating(name, t)
-            if t.shape != x.logp.shape:
+            if t.shape != logp.shape:
                 raise ValueError(
-                    f"{name} must have the shape of logp {tuple(x.logp.shape)}, "
-                    f"got {tuple(t.shape)}"
+                    f"{name} must have the shape of logp {tuple(logp.shape)}, got {tuple(t.shape)}"
                 )
     if packed:
         real("advantages", x.advantages)
@@ -91,17 +91,21 @@ def check_inputs(x: Inputs, cu_seqlens: object | None = None) -> Tensor:
                 f"with cu_seqlens, advantages must have shape (S,), one per segment, got "
                 f"{_fmt(x.advantages)}"
             )
-        check_cu_seqlens(cu_seqlens, x.advantages.shape[0], x.logp.shape[0])
+        check_cu_seqlens(cu_seqlens, x.advantages.shape[0], logp.shape[0])
     else:
-        check_log_ratio_inputs(x.logp, x.advantages, name="logp")
-    others = {  # one literal: torch 2.4's Dynamo traces neither dict.update nor |=
-        "old_logp": x.old_logp, "advantages": x.advantages, "mask": x.mask,
-        "ref_logp": x.ref_logp, "is_weights": x.is_weights,
-    }  # fmt: skip
-    check_devices("logp", x.logp, {**others, "cu_seqlens": cu_seqlens})  # type: ignore[dict-item]
+        check_log_ratio_inputs(logp, x.advantages, name="logp")
+    # every tensor on logp's device, in this order (a tuple: a call is paid per dict made)
+    device = logp.device
+    tensors: tuple[tuple[str, object], ...] = (
+        ("old_logp", x.old_logp), ("advantages", x.advantages), ("mask", x.mask),
+        ("ref_logp", x.ref_logp), ("is_weights", x.is_weights), ("cu_seqlens", cu_seqlens),
+    )  # fmt: skip
+    for name, other in tensors:
+        if isinstance(other, Tensor) and other.device != device:
+            raise _device_error("logp", device, name, other)
     if x.is_weights is not None:
-        check_weights(x.is_weights, x.logp, x.advantages.shape[0], packed)
-    return check_mask(x.mask, x.logp, "logp")
+        check_weights(x.is_weights, logp, x.advantages.shape[0], packed)
+    return check_mask(x.mask, logp, "logp")
 
 
 def check_weights(w: Tensor, logp: Tensor, rows: int, packed: bool) -> None:
@@ -158,10 +162,14 @@ def check_devices(name: str, first: Tensor, others: dict[str, Tensor | None]) ->
     """Every tensor on the device of ``first`` (a mismatch would reach a kernel otherwise)."""
     for other, t in others.items():
         if isinstance(t, Tensor) and t.device != first.device:
-            raise ValueError(
-                f"{other} is on device {t.device} but {name} is on {first.device}: every tensor "
-                "of the loss must be on one device"
-            )
+            raise _device_error(name, first.device, other, t)
+
+
+def _device_error(name: str, device: torch.device, other: str, t: Tensor) -> ValueError:
+    return ValueError(
+        f"{other} is on device {t.device} but {name} is on {device}: every tensor of the loss "
+        "must be on one device"
+    )
 
 
 def check_values(x: Inputs, cu_seqlens: Tensor | None = None) -> None:

@@ -250,41 +250,44 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
     if b.ref_logp is not None:  # the k3 estimator expm1(d) - d, d = ref - logp (S3)
         k, em1 = k3(logp, b.ref_logp.to(dt), valid)  # (B, T) each
         kl_rows = row_sum(k, seg)
-    sums = RowSums(cq_rows, n_rows, log_w_rows, kl_rows)
     totals = clip = None
+    dual = h.log_dual is not None
     if across is not None:  # every sum before the exponential
-        clip = clip_signs(r, q, cq, mf, seg, dual=h.log_dual is not None)
-        sums = RowSums(sums.cq, sums.n, sums.log_w, sums.kl, clip.cut_rows, clip.signed_rows)
+        clip = clip_signs(r, q, cq, mf, seg, dual=dual)
+        sums = RowSums(cq_rows, n_rows, log_w_rows, kl_rows, clip.cut_rows, clip.signed_rows)
         reduced, lo, neg_hi, totals = all_rows(sums.present(), clip.lo, clip.neg_hi, across)
         sums = sums.replaced(reduced)
         clip = Cuts(clip.s, reduced[-2], reduced[-1], lo, neg_hi)  # present(): cut, signed last
-    n_exact = sums.n  # counts stay exact (float64 where float32 would not be)
-    sums = sums.to(dt)
-    n = sums.n
+        sums = sums.to(dt)  # the reduced sums are in the dtype they were stacked in
+        cq_rows, n_exact, log_w_rows, kl_rows = sums.cq, reduced[1], sums.log_w, sums.kl
+        n = sums.n
+    else:  # the local sums as they are: only the counts may be wider than dt
+        n_exact, n = n_rows, to_dtype(n_rows, dt)  # counts stay exact (float64 where float32
+        # would not be)
     nf = n.clamp(min=1)
-    log_coef = sgn * sums.cq / nf  # (B,) the log geometric mean of the clipped ratios (S2)
+    log_coef = sgn * cq_rows / nf  # (B,) the log geometric mean of the clipped ratios (S2)
     # (B,) empty and A = 0 rows (sign(A) n = 0): policy term exactly 0 (S4, S5)
     active = (sign * n) != 0
     log_w = log_coef
-    if sums.log_w is not None:
-        log_w = log_coef + sums.log_w / nf
+    if log_w_rows is not None:
+        log_w = log_coef + log_w_rows / nf
     # exp(-inf) = 0 in inactive rows, where no gradient reaches log_w (no inf * 0 in a backward)
     policy = -adv * torch.exp(torch.where(active, log_w, -math.inf))  # (B,)
     if b.w_row is not None:
         policy = torch.where(active, policy * b.w_row.to(dt), 0)
     per_seq, kl_sum = policy, None
-    if em1 is not None and sums.kl is not None:
-        per_seq = policy + h.beta * sums.kl / nf
-        kl_sum = wide_sum(sums.kl.detach())
+    if em1 is not None and kl_rows is not None:
+        per_seq = policy + h.beta * kl_rows / nf
+        kl_sum = wide_sum(kl_rows.detach())
     if clip is None:  # after the policy term, as compiled code schedules it best
-        clip = clip_signs(r, q, cq, mf, seg, dual=h.log_dual is not None)
+        clip = clip_signs(r, q, cq, mf, seg, dual=dual)
     del r, q, cq  # no longer needed: the gradient's (B, T) temporaries can take their memory
-    stats = tally(clip, sign, n_exact, nf, dual=h.log_dual is not None)
+    stats = tally(clip, sign, n_exact, nf, dual=dual)
     rows_b = max(per_seq.shape[0], 1)
     loss = wide_sum(per_seq) / rows_b  # mean over rows; 0 when B = 0 (S4)
     grad = None
     if with_grad:
-        grad = passes(mf, clip, dual=h.log_dual is not None)
+        grad = passes(mf, clip, dual=dual)
         grad = grad * to_tokens(constant(policy) / (nf * rows_b), seg)  # (B, T)
         if em1 is not None:
             grad = grad - em1.detach() * to_tokens(h.beta / (nf * rows_b), seg)

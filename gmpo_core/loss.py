@@ -182,7 +182,10 @@ def _transformed(b: _math.Batch) -> bool:
     unwrap = getattr(torch.func, "debug_unwrap", None)
     if unwrap is None:
         return False
-    return any(unwrap(t, recurse=False) is not t for t in b if isinstance(t, Tensor))
+    for t in b:
+        if t is not None and unwrap(t, recurse=False) is not t:
+            return True
+    return False
 
 
 class _GMPO(torch.autograd.Function):
@@ -228,21 +231,21 @@ class _GMPO(torch.autograd.Function):
             # the saved tensors are read here only: a checkpoint unpacks each one once
             return (_autograd_grad(ctx, ctx.saved_tensors, (g_loss, g_ps, g_lc)), *nones)
         if g_ps is not None:  # d/d per_sequence_loss_i = B d/d loss for every row
-            scale = g_ps.to(grad.dtype) * max(len(g_ps), 1)
-            scale = scale if g_loss is None else scale + g_loss.to(grad.dtype)
+            scale = _math.to_dtype(g_ps, grad.dtype) * max(len(g_ps), 1)
+            scale = scale if g_loss is None else scale + _math.to_dtype(g_loss, grad.dtype)
             cu_seqlens = ctx.saved_tensors[-1]
             seg = None if cu_seqlens is None else _rows.segments(cu_seqlens, grad.shape[0])
             scale = _rows.to_tokens(scale, seg)
         elif g_loss is None:
-            return (grad.zero_().to(ctx.dtype), *nones)
+            return (_math.to_dtype(grad.zero_(), ctx.dtype), *nones)
         else:
-            scale = g_loss.to(grad.dtype)
+            scale = _math.to_dtype(g_loss, grad.dtype)
         try:  # in place; loss.backward() on CPU (an upstream gradient of 1) skips the multiply
             if g_ps is not None or scale.device.type != "cpu" or scale.item() != 1.0:
                 grad.mul_(scale)
         except RuntimeError:  # a batched upstream gradient (vmap, is_grads_batched) refuses
             grad = grad * scale  # in-place writes and host reads, before touching ``grad``
-        return (grad.to(ctx.dtype), *nones)
+        return (_math.to_dtype(grad, ctx.dtype), *nones)
 
 
 #: the Function's inputs after ``logp``, none of which gets a gradient
