@@ -91,6 +91,8 @@ def as_float(x: object) -> float | None:
     no float holds it (an int past 1e308 raises OverflowError in ``float``). Every rule is
     checked on this float, not on ``x``: a ``numpy.longdouble`` of 1e400 is below ``inf`` but
     its float is ``inf``, and a ``Fraction`` just above 1 may be 1.0 as a float."""
+    if type(x) is float:  # the common case, without the ABC check (a call is paid per use)
+        return x
     if not is_real(x):
         return None
     try:
