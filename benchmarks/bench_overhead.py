@@ -21,6 +21,12 @@ metrics, ``loss.backward()``):
   parts are their differences: metrics, backward, validation and ``autograd.Function`` glue,
   statistics, and the loss with its gradient. verl's and TRL's steps are split into forward and
   backward the same way.
+* **dispatch against Python**: each implementation's forward with its metrics, its torch calls
+  recorded with their arguments and called again straight-line (:func:`replay`: the same
+  kernels and the same dispatch, in the grad mode each ran in, without the Python between
+  them), timed with the parts. The forward's time less the replay's is what the Python around
+  the torch calls costs (argument checks, helper functions, records, the
+  ``autograd.Function``'s own bookkeeping).
 """
 
 from __future__ import annotations
@@ -60,6 +66,44 @@ class _Count(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+class _Record(TorchFunctionMode):
+    """Records each torch call from Python (attribute reads left out) with its arguments and
+    whether grad mode was on, for :func:`replay`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[bool, Callable[..., Any], Any, Any]] = []
+
+    def __torch_function__(
+        self, func: Callable[..., Any], types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
+        if getattr(func, "__name__", "") != "__get__":
+            self.calls.append((torch.is_grad_enabled(), func, args, kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+def replay(fn: Callable[[], Any]) -> Callable[[], None]:
+    """The torch calls ``fn`` makes from Python, called again straight-line on the arguments
+    they had (each in the grad mode it ran in): the same kernels and dispatch, without the
+    Python around them. The time of ``fn`` less this one's is what that Python costs."""
+    fn()
+    with _Record() as rec:
+        fn()
+    runs: list[tuple[bool, list[tuple[Callable[..., Any], Any, Any]]]] = []
+    for grad, func, args, kwargs in rec.calls:
+        if not runs or runs[-1][0] != grad:
+            runs.append((grad, []))
+        runs[-1][1].append((func, args, kwargs))
+
+    def straight() -> None:
+        for grad, calls in runs:
+            with torch.set_grad_enabled(grad):
+                for func, args, kwargs in calls:
+                    func(*args, **kwargs)
+
+    return straight
+
+
 def count(fn: Callable[[], Any]) -> int:
     fn()  # first-call work is not what is counted
     with _Count() as c:
@@ -83,18 +127,22 @@ def gmpo_parts(x: dict[str, Tensor]) -> dict[str, Callable[[], Any]]:
     def statistics_only() -> None:
         _counts.tally(_counts.clip_signs(r, q, cq, mf, None, dual=False), sign, n, nf, dual=False)
 
+    forward = make_step("gmpo plain", x, backward_too=False)
     return {
         "step": make_step("gmpo plain", x),
         "loss call": lambda: gmpo_loss(logp, old, adv, mask, epsilon=EPSILON),
-        "loss call and metrics": make_step("gmpo plain", x, backward_too=False),
+        "loss call and metrics": forward,
         "math": lambda: _math.forward(b, h, True),
         "statistics": statistics_only,
+        "calls straight-line": replay(forward),
     }
 
 
 def host_parts(impl: str, x: dict[str, Tensor]) -> dict[str, Callable[[], Any]]:
-    """A host's step, and its forward with its metrics alone (the graph recorded, not run)."""
-    return {"step": make_step(impl, x), "forward": make_step(impl, x, backward_too=False)}
+    """A host's step, its forward with its metrics alone (the graph recorded, not run), and that
+    forward's torch calls replayed straight-line."""
+    forward = make_step(impl, x, backward_too=False)
+    return {"step": make_step(impl, x), "forward": forward, "calls straight-line": replay(forward)}
 
 
 def time_parts(parts: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
@@ -128,14 +176,16 @@ def measure(shape: tuple[int, int], repeats: int) -> dict[str, Any]:
         "loss and its gradient": t["gmpo math"] - t["gmpo statistics"],
     }
     out: dict[str, Any] = {"gmpo plain": gmpo}
+    straight = {"gmpo plain": t["gmpo calls straight-line"]}
     for impl in HOSTS:
         step, fwd = t[f"{impl} step"], t[f"{impl} forward"]
         out[impl] = {"step": step, "forward and metrics": fwd, "backward": step - fwd}
+        straight[impl] = t[f"{impl} calls straight-line"]
     calls = {"gmpo plain": count(g["step"])}
     calls.update({impl: count(hosts[impl]["step"]) for impl in HOSTS})
     calls_fwd = {"gmpo plain": count(make_step("gmpo plain", x, backward_too=False))}
     calls_fwd.update({impl: count(hosts[impl]["forward"]) for impl in HOSTS})
-    return {"time_ms": out, "calls": calls, "calls_forward": calls_fwd}
+    return {"time_ms": out, "calls": calls, "calls_forward": calls_fwd, "straight_ms": straight}
 
 
 def report(result: dict[str, Any]) -> str:
@@ -156,6 +206,13 @@ def report(result: dict[str, Any]) -> str:
             fwd = t["step"] - t["backward"]
             lines.append(f"| {impl} | {t['step']:.3g} | {fwd:.3g} | {t['backward']:.3g} | "
                          f"{c} ({cf}) |")  # fmt: skip
+        lines += ["", "| forward and metrics | ms | its torch calls straight-line, ms | Python "
+                  "around them, ms | per call straight-line, us |", "|---|---|---|---|---|"]  # fmt: skip
+        for impl in ("gmpo plain", *HOSTS):
+            t, cf = m["time_ms"][impl], m["calls_forward"][impl]
+            fwd, calls = t["step"] - t["backward"], m["straight_ms"][impl]
+            lines.append(f"| {impl} | {fwd:.3g} | {calls:.3g} | {fwd - calls:.3g} | "
+                         f"{1e3 * calls / cf:.2g} |")  # fmt: skip
         lines.append("")
     return "\n".join(lines)
 
