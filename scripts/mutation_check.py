@@ -130,8 +130,8 @@ M = [
     (
         "backward ignores the per-row upstream gradient's B factor",
         "gmpo_core/loss.py",
-        "scale = g_ps.to(grad.dtype) * max(len(g_ps), 1)",
-        "scale = g_ps.to(grad.dtype)",
+        "scale = _math.to_dtype(g_ps, grad.dtype) * max(len(g_ps), 1)",
+        "scale = _math.to_dtype(g_ps, grad.dtype)",
         "tests/core/test_properties*.py -k 'backward_with_random_upstream and plain'",
     ),
     (
@@ -158,8 +158,8 @@ M = [
     (
         "devices not checked",
         "gmpo_core/_checks.py",
-        'check_devices("logp", x.logp, {**others, "cu_seqlens": cu_seqlens})',
-        "pass",
+        "        if isinstance(other, Tensor) and other.device != device:",
+        "        if False:",
         "tests/core/devices/test_devices.py -k 'another_device or check_devices'",
     ),
     (
