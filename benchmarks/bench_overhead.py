@@ -51,24 +51,9 @@ SHAPES = ((2, 16), (8, 256))
 HOSTS = ("verl", "TRL")
 
 
-class _Count(TorchFunctionMode):
-    """Counts torch calls from Python (attribute reads left out)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.n = 0
-
-    def __torch_function__(
-        self, func: Callable[..., Any], types: Any, args: Any = (), kwargs: Any = None
-    ) -> Any:
-        if getattr(func, "__name__", "") != "__get__":
-            self.n += 1
-        return func(*args, **(kwargs or {}))
-
-
 class _Record(TorchFunctionMode):
     """Records each torch call from Python (attribute reads left out) with its arguments and
-    whether grad mode was on, for :func:`replay`."""
+    whether grad mode was on, for :func:`count` and :func:`replay`."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -106,9 +91,9 @@ def replay(fn: Callable[[], Any]) -> Callable[[], None]:
 
 def count(fn: Callable[[], Any]) -> int:
     fn()  # first-call work is not what is counted
-    with _Count() as c:
+    with _Record() as rec:
         fn()
-    return c.n
+    return len(rec.calls)
 
 
 def gmpo_parts(x: dict[str, Tensor]) -> dict[str, Callable[[], Any]]:

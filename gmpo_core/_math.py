@@ -258,12 +258,11 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
         reduced, lo, neg_hi, totals = all_rows(sums.present(), clip.lo, clip.neg_hi, across)
         sums = sums.replaced(reduced)
         clip = Cuts(clip.s, reduced[-2], reduced[-1], lo, neg_hi)  # present(): cut, signed last
+        n_rows = sums.n
         sums = sums.to(dt)  # the reduced sums are in the dtype they were stacked in
-        cq_rows, n_exact, log_w_rows, kl_rows = sums.cq, reduced[1], sums.log_w, sums.kl
-        n = sums.n
-    else:  # the local sums as they are: only the counts may be wider than dt
-        n_exact, n = n_rows, to_dtype(n_rows, dt)  # counts stay exact (float64 where float32
-        # would not be)
+        cq_rows, log_w_rows, kl_rows = sums.cq, sums.log_w, sums.kl
+    # counts stay exact (float64 where float32 would not be); the other local sums are in dt
+    n_exact, n = n_rows, to_dtype(n_rows, dt)
     nf = n.clamp(min=1)
     log_coef = sgn * cq_rows / nf  # (B,) the log geometric mean of the clipped ratios (S2)
     # (B,) empty and A = 0 rows (sign(A) n = 0): policy term exactly 0 (S4, S5)
