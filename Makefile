@@ -129,6 +129,8 @@ figures-liger: bench-env
 		--no-memory --tag cpu_2threads
 	$(BENCH_VENV)/bin/python benchmarks/bench_liger.py --shapes 2x32000,2x151936 --threads 1 \
 		--tag cpu_b2
+	$(BENCH_VENV)/bin/python benchmarks/bench_liger.py --shapes 8x32000,4x151936 --dtypes float32 \
+		--threads 1 --tag cpu_b8_b4v151936
 
 ## docs/study.md's numbers and figure: the stability study, GRPO against GMPO (6 methods x 4
 ## learning rates x without/with gradient clipping x 5 seeds, 240 runs of a tiny transformer
