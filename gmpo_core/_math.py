@@ -98,9 +98,6 @@ class RowSums(NamedTuple):
             k += t is not None
         return RowSums(out[0], out[1], out[2], out[3], out[4], out[5])  # type: ignore[arg-type]
 
-    def to(self, dtype: torch.dtype) -> RowSums:
-        return self.replaced([to_dtype(t, dtype) for t in self.present()])
-
 
 class Forward(NamedTuple):
     """What :func:`forward` returns. ``loss``, ``per_sequence_loss`` and ``log_coef`` are
@@ -259,8 +256,10 @@ def forward(b: Batch, h: Hyper, with_grad: bool = False, across: Across | None =
         sums = sums.replaced(reduced)
         clip = Cuts(clip.s, reduced[-2], reduced[-1], lo, neg_hi)  # present(): cut, signed last
         n_rows = sums.n
-        sums = sums.to(dt)  # the reduced sums are in the dtype they were stacked in
-        cq_rows, log_w_rows, kl_rows = sums.cq, sums.log_w, sums.kl
+        # the reduced sums are in the dtype they were stacked in; the counts are made dt below
+        cq_rows = to_dtype(sums.cq, dt)
+        log_w_rows = None if sums.log_w is None else to_dtype(sums.log_w, dt)
+        kl_rows = None if sums.kl is None else to_dtype(sums.kl, dt)
     # counts stay exact (float64 where float32 would not be); the other local sums are in dt
     n_exact, n = n_rows, to_dtype(n_rows, dt)
     nf = n.clamp(min=1)
