@@ -69,6 +69,8 @@ class GymTask(Task):
 
     requires: ClassVar[str | None] = "reasoning_gym"
     extra: ClassVar[str | None] = "gym"
+    #: the gym's name of the dataset, where it is not the task's
+    gym_name: ClassVar[str] = ""
 
     # --- what a gym task module gives ----------------------------------------------------------
 
@@ -95,7 +97,7 @@ class GymTask(Task):
         ``seed``: what ``create_dataset(name, size=n, seed=..., **config)`` gives, without
         rebuilding what the configuration alone decides (a copy of :func:`_base_dataset` with
         the seed and the size the gym's constructor sets)."""
-        base = _base_dataset(self.name, tuple(sorted(self.config().items())))
+        base = _base_dataset(self.gym_name or self.name, tuple(sorted(self.config().items())))
         data = copy.copy(base)
         data.seed = gym_seed(f"{self.name}:{self.length}:{seed}")
         data.size = n
@@ -123,7 +125,7 @@ class GymTask(Task):
 
     def score(self, completion: str, entry: dict[str, Any]) -> float:
         """The gym's own ``score_answer(completion, entry)``."""
-        data = _base_dataset(self.name, tuple(sorted(self.config().items())))
+        data = _base_dataset(self.gym_name or self.name, tuple(sorted(self.config().items())))
         return float(data.score_answer(completion, entry))
 
     # --- Task ----------------------------------------------------------------------------------

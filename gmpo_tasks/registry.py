@@ -8,11 +8,21 @@ from __future__ import annotations
 
 import importlib.util
 
-from gmpo_tasks import add, chain_sum, countdown, reverse, spell_backward, successor
+from gmpo_tasks import (
+    add,
+    chain_sum,
+    chat_chain_sum,
+    chat_spell_backward,
+    countdown,
+    reverse,
+    spell_backward,
+    successor,
+)
 from gmpo_tasks.task import Task
 
 #: the reasoning-gym tasks (chain_sum, countdown, spell_backward) need the gym extra
-_ALL = (successor.TASK, reverse.TASK, add.TASK, chain_sum.TASK, countdown.TASK, spell_backward.TASK)
+_ALL = (successor.TASK, reverse.TASK, add.TASK, chain_sum.TASK, countdown.TASK, spell_backward.TASK,
+        chat_chain_sum.TASK, chat_spell_backward.TASK)  # fmt: skip
 TASKS: dict[str, Task] = {t.name: t for t in _ALL}
 
 

@@ -118,6 +118,9 @@ class Task:
     #: that installs it
     requires: ClassVar[str | None] = None
     extra: ClassVar[str | None] = None
+    #: the pretrained model (a name of ``gmpo_tasks.pretrained.MODELS``) a run of this task
+    #: trains unless ``--model`` names another; None: the task's built-in tiny model
+    model_name: ClassVar[str | None] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.length, bool) or not isinstance(self.length, int) or self.length < 1:

@@ -1,0 +1,180 @@
+"""Tasks for a pretrained instruct model: reasoning-gym's questions as chat messages, the gym's
+own reward.
+
+A :class:`ChatTask` is a :class:`~gmpo_tasks.gym.GymTask` written for a chat model rather than a
+tiny character model: a prompt is one user message (TRL's conversational format, which the
+model's chat template renders), the gym's own question followed by the task's
+:attr:`~ChatTask.instruction`, which states the answer format. Its dataset carries each entry as
+JSON (``entry``), which TRL hands to the reward with the completions.
+
+The reward is the gym's ``score_answer(answer, entry)``, where ``answer`` is the last match of
+the task's :attr:`~ChatTask.answer_pattern` in the reply (the last number, say), or ``""`` where
+there is none. Scoring the whole reply instead (the gym's default) gives a 135M model almost
+nothing: it writes sentences around its answer, and the gym scores a reply that contains the
+answer by ``len(answer) / len(reply)`` (0.02 on average for the untrained model, against 0.18
+for the last number: results/real-model/calibration.md). :meth:`ChatTask.format_reward` is the
+answer format itself (1 for a reply that is the answer alone, else 0), which ``--format_reward``
+adds to the task's reward.
+
+A run trains :attr:`~ChatTask.model_name` (``gmpo_tasks.pretrained``) unless ``--model`` names
+another chat model, with the task's :attr:`~ChatTask.settings`, chosen by measurement on two
+cores (docs/real_model.md).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from gmpo_tasks.gym import GymTask
+
+
+@dataclass(frozen=True)
+class RealCell:
+    """The RL setting of a chat task's run: each generation samples ``group`` completions of at
+    most ``completion_length`` tokens at ``temperature`` for each of ``prompts`` prompts, and
+    takes ``minibatches`` optimizer steps on each of ``epochs`` passes over it (TRL's
+    ``steps_per_generation`` and ``num_iterations``) at learning rate ``lr``; ``generations``
+    generations in all."""
+
+    prompts: int = 2
+    group: int = 8
+    completion_length: int = 32
+    temperature: float = 1.0
+    minibatches: int = 1
+    epochs: int = 2
+    generations: int = 30
+    lr: float = 2e-5
+
+
+def reply_text(completion: Any) -> str:
+    """The text of a completion: TRL passes a conversational one as a list of messages (the
+    assistant's reply last), a plain one as a string."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Sequence) and completion and isinstance(completion[-1], dict):
+        return str(completion[-1].get("content", ""))
+    raise TypeError(f"a completion is a string or a list of messages, got {completion!r}")
+
+
+@dataclass(frozen=True)
+class ChatTask(GymTask):
+    """A reasoning-gym dataset for a chat model. Subclasses give :meth:`config`, the
+    :attr:`instruction`, the :attr:`answer_pattern` and the :attr:`format_pattern`."""
+
+    #: appended to the gym's question: the answer format, stated
+    instruction: ClassVar[str] = ""
+    #: the answer in a reply: its last match
+    answer_pattern: ClassVar[re.Pattern[str]] = re.compile(r"\S+")
+    #: a reply that is the answer alone, in the stated format (surrounding space aside)
+    format_pattern: ClassVar[re.Pattern[str]] = re.compile(r"\S+")
+    #: the pretrained model a run trains unless --model names another (gmpo_tasks.pretrained)
+    model_name: ClassVar[str | None] = "smollm2-135m"
+    settings: ClassVar[RealCell] = RealCell()
+
+    # --- the prompts: the gym's question and the instruction, one user message -----------------
+
+    def compact(self, entry: dict[str, Any]) -> str:
+        """The user message of an entry: the gym's question, then the instruction."""
+        return f"{entry['question']} {self.instruction}"
+
+    def rebuild(self, prompt: str) -> dict[str, Any]:
+        raise ValueError(
+            f"the {self.name} task scores a reply against its entry: give the dataset's 'entry' "
+            "column (Task.dataset carries it)"
+        )
+
+    def answer(self, entry: dict[str, Any]) -> str:
+        return str(entry["answer"])
+
+    def messages(self, entry: dict[str, Any]) -> list[dict[str, str]]:
+        """The prompt of an entry in TRL's conversational format."""
+        return [{"role": "user", "content": self.compact(entry)}]
+
+    def dataset(self, seed: int | str, n: int = 2048) -> Any:
+        """``n`` prompts (a user message each) as a ``datasets.Dataset`` with the gym's entry of
+        each as JSON (``entry``); the held-out prompts are those of a seed no run trains on
+        (:meth:`held_out`)."""
+        from datasets import Dataset
+
+        entries = self.entries(n, seed=f"train:{seed}")
+        return Dataset.from_dict({"prompt": [self.messages(e) for e in entries],
+                                  "entry": [json.dumps(e) for e in entries]})  # fmt: skip
+
+    def held_out(self, n: int) -> list[dict[str, Any]]:
+        """``n`` entries that no training run draws (a seed of their own): the evaluation's."""
+        return self.entries(n, seed="held-out")
+
+    # --- the rewards ---------------------------------------------------------------------------
+
+    def extract(self, reply: str) -> str:
+        """The answer in a reply: the last match of :attr:`answer_pattern`, else ``""``."""
+        found = self.answer_pattern.findall(reply)
+        return str(found[-1]) if found else ""
+
+    def reward(
+        self,
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        entry: Sequence[str | dict[str, Any]] | None = None,
+        **_: Any,
+    ) -> list[float]:
+        """Per completion, the gym's ``score_answer`` of the answer in it (:meth:`extract`)
+        against its entry (the dataset's ``entry`` column; TRL's reward signature)."""
+        if entry is None:
+            raise ValueError(f"the {self.name} task's reward needs the dataset's 'entry' column")
+        return [self.score(self.extract(reply_text(c)), self.entry("", e))
+                for c, e in zip(completions, entry, strict=True)]  # fmt: skip
+
+    def format_reward(
+        self, prompts: Sequence[Any], completions: Sequence[Any], **_: Any
+    ) -> list[float]:
+        """Per completion, 1.0 when the reply is the answer alone in the stated format
+        (:attr:`format_pattern`, surrounding space aside), else 0.0: ``--format_reward``."""
+        return [float(self.format_pattern.fullmatch(reply_text(c).strip()) is not None)
+                for c in completions]  # fmt: skip
+
+    # --- a run through TRL ---------------------------------------------------------------------
+
+    def lengths(self) -> None:
+        """A pretrained model's positions are not the task's to bound."""
+        return None
+
+    def trainer_args(self, output_dir: str, **overrides: Any) -> dict[str, Any]:
+        """``GMPOConfig`` / ``GRPOConfig`` keyword arguments of :attr:`settings`:
+        ``generations`` generations of ``prompts x group`` completions, ``minibatches x
+        epochs`` optimizer steps on each, every optimizer step logged, no checkpoints (the
+        device and precision are the run's defaults: the CPU's where there is no GPU)."""
+        cell = self.settings
+        updates = cell.minibatches * cell.epochs
+        args: dict[str, Any] = dict(
+            output_dir=output_dir,
+            seed=0,
+            per_device_train_batch_size=cell.prompts * cell.group // cell.minibatches,
+            steps_per_generation=cell.minibatches,
+            num_iterations=cell.epochs,
+            num_generations=cell.group,
+            max_completion_length=cell.completion_length,
+            temperature=cell.temperature,
+            learning_rate=cell.lr,
+            lr_scheduler_type="constant",
+            max_steps=cell.generations * updates,
+            logging_steps=1,
+            save_strategy="no",
+            report_to=[],
+        )
+        args.update(overrides)
+        return args
+
+    def setting(self) -> str:
+        c = self.settings
+        return (
+            f"the pretrained {self.model_name} (or --model, a chat model), {c.generations} "
+            f"generations of {c.prompts} prompts x {c.group} completions of up to "
+            f"{c.completion_length} tokens at temperature {c.temperature:g}, "
+            f"{c.minibatches * c.epochs} optimizer steps on each (steps_per_generation="
+            f"{c.minibatches}, num_iterations={c.epochs}), learning_rate={c.lr:g}"
+        )
