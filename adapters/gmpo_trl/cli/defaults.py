@@ -1,11 +1,12 @@
 """What the commands share before TRL is imported: the TRL options ``--help`` shows, and the
-defaults of a run (the built-in task's, each command's, the CPU's).
+defaults of a run (the built-in task's, a pretrained model's, each command's, the CPU's).
 
 A run's values, lowest precedence first: the config dataclass's defaults, the CPU defaults (no
-accelerator: ``use_cpu``, no ``bf16``), the built-in task's (no ``--model``:
-``gmpo_tasks.registry.TASKS``), the command's own defaults, the YAML file (``--config``), the
-command line, and what a command forces (``compare``'s GRPO loss and clip).
-:func:`run_defaults` is the middle three.
+accelerator: ``use_cpu``, no ``bf16``), a pretrained model's (:data:`MODEL_DEFAULTS`: ``--model``,
+or a task's own pretrained model), the built-in task's (without ``--dataset``: its own
+settings; a tiny-model task's only without ``--model``), the command's own defaults, the YAML
+file (``--config``), the command line, and what a command forces (``compare``'s GRPO loss and
+clip). :func:`run_defaults` is the middle four; ``gmpo train`` and ``gmpo compare`` share them.
 """
 
 from __future__ import annotations
@@ -15,28 +16,52 @@ from typing import Any
 from gmpo_tasks.registry import TASKS, get_task
 from gmpo_trl.cli.errors import CLIError
 
+#: What a run on a pretrained model (``--model``, or a chat task's own) gets where TRL's
+#: defaults suit long runs on many GPUs rather than a short one: two passes over each generation
+#: (``num_iterations=2``: the second is off-policy, so GMPO's clip acts; on-policy every
+#: r = logp - old_logp is 0), a learning rate that moves a small model in tens of steps (TRL's
+#: 1e-6 left 20 steps of SmolLM2-135M flat: docs/real_model.md), every step logged, and no
+#: checkpoints unless asked (--save_strategy steps: a 135M model's optimizer state is 1 GB).
+MODEL_DEFAULTS: dict[str, Any] = {
+    "num_iterations": 2,
+    "learning_rate": 1e-05,
+    "logging_steps": 1,
+    "save_strategy": "no",
+}
+
 #: The TRL (GRPOConfig / TrainingArguments) options most runs set, with the default a run with
-#: --model gets. Listed here so that ``--help`` needs no TRL import (seconds);
-#: tests/trl/test_cli.py checks each default against GMPOConfig.
+#: --model gets (GMPOConfig's, or :data:`MODEL_DEFAULTS`'). Listed here so that ``--help`` needs
+#: no TRL import (seconds); tests/trl/test_cli_outputs.py checks each default against them.
 COMMON_TRL_OPTIONS: dict[str, tuple[str, Any, str]] = {
     "output_dir": ("DIR", None, "Where metrics, plots and the model go."),
-    "learning_rate": ("LR", 1e-06, "AdamW learning rate."),
+    "learning_rate": ("LR", 1e-05, "AdamW learning rate (TRL's default: 1e-6)."),
     "max_steps": ("N", -1, "Optimizer steps (-1: num_train_epochs passes over the dataset)."),
     "num_train_epochs": ("N", 3.0, "Passes over the dataset when max_steps is -1."),
     "per_device_train_batch_size": ("N", 8, "Completions per device per micro-batch."),
     "gradient_accumulation_steps": ("N", 1, "Micro-batches per optimizer step."),
     "num_generations": ("N", 8, "Completions per prompt (the group of GRPO's advantages)."),
     "max_completion_length": ("N", 512, "Longest completion, in tokens."),
-    "num_iterations": ("N", 1, "Passes over each generated batch (> 1: off-policy updates)."),
+    "num_iterations": (
+        "N",
+        2,
+        "Passes over each generated batch (> 1: off-policy updates, where "
+        "GMPO's clip acts; TRL's default: 1).",
+    ),
     "beta": ("B", 0.0, "KL coefficient to the reference model (0: no reference model)."),
     "seed": ("N", 42, "Random seed."),
     "bf16": ("BOOL", None, "bfloat16 mixed precision. Default: true on a GPU, false on CPU."),
     "use_cpu": ("BOOL", None, "Train on the CPU. Default: false; true when no GPU is found."),
     "use_vllm": ("BOOL", False, "Generate with vLLM, on a GPU or the CPU (docs/vllm.md)."),
-    "logging_steps": ("N", 10, "Log (metrics.jsonl, progress bar) every N optimizer steps."),
+    "logging_steps": ("N", 1, "Log (metrics.jsonl, progress bar) every N optimizer steps."),
+    "save_strategy": (
+        "S",
+        "no",
+        "Checkpoints: 'no', or 'steps' (every --save_steps) or "
+        "'epoch' (each holds the optimizer state: 1 GB for a 135M model).",
+    ),
 }
 
-#: compare: off-policy passes (num_iterations > 1) also with --model; on-policy every r is 0
+#: compare: off-policy passes (num_iterations > 1) also on the toy run
 COMMAND_DEFAULTS: dict[str, dict[str, Any]] = {"compare": {"num_iterations": 2}}
 
 
@@ -45,13 +70,23 @@ def default_output_dir(command: str) -> str:
 
 
 def task_defaults(task: str, output_dir: str) -> dict[str, Any]:
-    """The config values of a built-in task's run (no --model): the task's, with the progress
-    bar on."""
+    """The config values of a built-in task's run: the task's, with the progress bar on."""
+    return {**_task(task).trainer_args(output_dir), "disable_tqdm": False}
+
+
+def _task(name: str) -> Any:
     try:
-        builtin = get_task(task)
+        return get_task(name)
     except ValueError as err:  # a --config file's value, which argparse's choices do not see
         raise CLIError(str(err)) from err
-    return {**builtin.trainer_args(output_dir), "disable_tqdm": False}
+
+
+def default_task(model: str | None) -> str:
+    """The task of a run that names none: the first chat task with ``--model`` (a pretrained
+    model), else the first (the toy run)."""
+    if model is not None:
+        return next(name for name, task in TASKS.items() if task.model_name is not None)
+    return next(iter(TASKS))
 
 
 def toy_settings(command: str) -> dict[str, Any]:
@@ -77,15 +112,26 @@ def has_accelerator() -> bool:
 
 
 def run_defaults(
-    command: str, *, model: str | None, output_dir: str | None, task: str | None = None
+    command: str,
+    *,
+    model: str | None,
+    output_dir: str | None,
+    task: str | None = None,
+    dataset: str | None = None,
 ) -> dict[str, Any]:
-    """The values a run gets unless the user sets them: the CPU defaults without an accelerator,
-    the built-in task's defaults (``task``, by default the first) without a model, then the
-    command's own."""
+    """The values a run gets unless the user sets them: the CPU defaults without an accelerator;
+    :data:`MODEL_DEFAULTS` on a pretrained model (``model``, or the task's own); the built-in
+    task's settings (``task``, by default :func:`default_task`'s): a tiny-model task's where its
+    model is trained (no ``model``; they are that model's), a chat task's on its own prompts (no
+    ``dataset``); then the command's own."""
     out = output_dir or default_output_dir(command)
     base: dict[str, Any] = {"output_dir": out, "report_to": []}
     if not has_accelerator():
         base.update(use_cpu=True, bf16=False)
-    if model is None:
-        base.update(task_defaults(task or next(iter(TASKS)), out))
+    chosen = _task(task or default_task(model))
+    pretrained = model is not None or chosen.model_name is not None
+    if pretrained:
+        base.update(MODEL_DEFAULTS)
+    if (chosen.model_name is None and model is None) or (chosen.model_name and dataset is None):
+        base.update(task_defaults(chosen.name, out))
     return {**base, **COMMAND_DEFAULTS.get(command, {})}

@@ -84,6 +84,10 @@ def summary_line(what: str, s: dict[str, Any]) -> str:
     if "reward_first" in s:
         parts.append(f"reward {s['reward_first']:.2f} -> {s['reward_final']:.2f} "
                      f"(mean of first/last {s['reward_window']} logged)")  # fmt: skip
+    if "held_out_reward_before" in s:
+        parts.append(f"held-out reward {s['held_out_reward_before']:.2f} -> "
+                     f"{s['held_out_reward_after']:.2f} ({s['held_out_completions']} completions; "
+                     f"right {s['held_out_right_before']:.2f} -> {s['held_out_right_after']:.2f})")  # fmt: skip
     if "log_ratio_min" in s:
         parts.append(f"token log-ratio range [{s['log_ratio_min']:.2f}, {s['log_ratio_max']:.2f}]"
                      f" over {s['off_policy_rows']} off-policy logged steps")  # fmt: skip

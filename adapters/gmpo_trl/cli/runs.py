@@ -23,6 +23,7 @@ from gmpo_tasks.task import Task
 from gmpo_trl.cli.callbacks import json_lines, quiet_progress_bar
 from gmpo_trl.cli.checks import (
     check_counts,
+    check_format_reward,
     check_inputs,
     check_resume,
     check_run,
@@ -30,8 +31,10 @@ from gmpo_trl.cli.checks import (
     check_task_lengths,
     check_vllm,
     load_dataset,
+    resolve_model,
 )
 from gmpo_trl.cli.errors import CLIError, Interrupted
+from gmpo_trl.cli.held_out import SAMPLES, held_out_reward
 from gmpo_trl.cli.plots import log_clip_range, plot_training
 from gmpo_trl.cli.reports import read_metrics, run_summary, summary_line, summary_markdown
 
@@ -70,7 +73,7 @@ class Plan:
     ``GMPOConfig``; ``rewards``: the user's reward functions, or the task's; ``dataset``: the
     user's, loaded once, or None for the task's (its prompts depend on the run's seed);
     ``variant``: the resolved ``loss_variant`` (None: GMPO's loss); ``resume``: the checkpoint
-    directory to resume from; ``comparators``: ``gmpo compare``'s ``GRPOConfig`` of each loss it
+    directory to resume from; ``model``: what is trained; ``comparators``: ``gmpo compare``'s ``GRPOConfig`` of each loss it
     trains beside GMPO, by ``--against`` name."""
 
     script: Any
@@ -81,6 +84,9 @@ class Plan:
     variant: Any
     resume: str | None = None
     comparators: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: the model trained: a local directory or hub id (a packaged model's name resolved to its
+    #: directory), or None for the task's built-in tiny model
+    model: str | None = None
 
 
 def build_plan(
@@ -107,6 +113,8 @@ def build_plan(
             raise CLIError(str(err)) from err
     task = check_task(script.task)
     rewards = check_inputs(script) or [task.reward]
+    if script.format_reward:
+        rewards.append(check_format_reward(task, script))
     if script.model is None and script.dataset is None:
         check_task_lengths(task, task.lengths(), config, script, parsed.command)
     resume = check_resume(config.resume_from_checkpoint, config.output_dir) if resumable else None
@@ -116,10 +124,11 @@ def build_plan(
         from trl import GRPOConfig
 
         others = {name: parsed.config(GRPOConfig, **forced) for name, forced in comparators.items()}
+    model = resolve_model(script, task)  # a packaged model converted once, on first use
     quiet()
     dataset = None if script.dataset is None else load_dataset(script.dataset, script.dataset_split)
     variant = loss_variant(config)
-    return Plan(script, config, task, tuple(rewards), dataset, variant, resume, others)
+    return Plan(script, config, task, tuple(rewards), dataset, variant, resume, others, model)
 
 
 def quiet() -> None:
@@ -139,7 +148,7 @@ def build_trainer(plan: Plan, config: Any, trainer_cls: type) -> Any:
     ``gmpo compare``): the plan's task's parts where the user named no model or dataset."""
     task, out = plan.task, Path(config.output_dir)
     dataset = task.dataset(config.seed) if plan.dataset is None else plan.dataset
-    if plan.script.model is None:
+    if plan.model is None:
         import torch
 
         torch.set_num_threads(1)  # a tiny model: more threads only add synchronization
@@ -151,7 +160,7 @@ def build_trainer(plan: Plan, config: Any, trainer_cls: type) -> Any:
         model_arg: Any = model
         kwargs: dict[str, Any] = {"processing_class": tokenizer}
     else:
-        model_arg, kwargs = plan.script.model, {}
+        model_arg, kwargs = plan.model, {}
     rewards = list(plan.rewards)
     try:
         trainer = trainer_cls(
@@ -182,6 +191,8 @@ def run(plan: Plan, config: Any, trainer_cls: type, title: str, resume: str | No
     given (as ``Trainer.train(resume_from_checkpoint=...)`` does: the steps after it only);
     metrics.png, summary.json/.md in its output directory."""
     trainer = build_trainer(plan, config, trainer_cls)
+    evaluate = held_out(plan, config)
+    before = evaluate(trainer, plan.model) if evaluate is not None else None
     if resume is not None:
         done = json.loads((Path(resume) / "trainer_state.json").read_text())["global_step"]
         total = f" of {trainer.args.max_steps}" if trainer.args.max_steps > 0 else ""
@@ -192,11 +203,45 @@ def run(plan: Plan, config: Any, trainer_cls: type, title: str, resume: str | No
     variant = plan.variant if config is plan.config else None
     plot_training(rows, out / "metrics.png", title=title, bounds=log_clip_range(config, variant))
     summary = {"seed": config.seed, **run_summary(rows, trainer.state.global_step)}
+    if evaluate is not None and before is not None and not getattr(trainer, "interrupted", False):
+        after = evaluate(trainer, None)
+        summary.update({f"held_out_{k}_before": v for k, v in before.items()})
+        summary.update({f"held_out_{k}_after": v for k, v in after.items()})
+        summary["held_out_completions"] = plan.script.held_out * SAMPLES
     line = summary_line(title, summary)
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (out / "summary.md").write_text(summary_markdown(summary, line))
     print(f"{line}; outputs in {out}")
     return Run(trainer, rows, summary)
+
+
+def held_out(plan: Plan, config: Any) -> Callable[[Any, str | None], dict[str, float]] | None:
+    """The held-out evaluation of a run of ``plan`` under ``config``: a chat task's, on its own
+    prompts, ``--held_out`` of them (:mod:`gmpo_trl.cli.held_out`); None where there is none.
+    The function takes the trainer and, before training, the model's path: the untrained
+    model's reward is computed once per process for each model and setting (every method and
+    seed of ``gmpo compare`` starts from it)."""
+    task, n = plan.task, plan.script.held_out
+    if task.model_name is None or plan.dataset is not None or n <= 0:
+        return None
+    setting = (task.name, n, config.max_completion_length, config.temperature)
+
+    def evaluate(trainer: Any, base: str | None) -> dict[str, float]:
+        if base is not None and (base, *setting) in _UNTRAINED:
+            return _UNTRAINED[(base, *setting)]
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        out = held_out_reward(model, trainer.processing_class, task, prompts=n,
+                              max_tokens=config.max_completion_length,
+                              temperature=config.temperature)  # fmt: skip
+        if base is not None:
+            _UNTRAINED[(base, *setting)] = out
+        return out
+
+    return evaluate
+
+
+#: the untrained models' held-out rewards computed in this process
+_UNTRAINED: dict[tuple[Any, ...], dict[str, float]] = {}
 
 
 def interruptible(trainer_cls: type) -> type:

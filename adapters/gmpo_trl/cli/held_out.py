@@ -1,0 +1,81 @@
+"""A chat task's held-out reward: the model's mean reward on prompts no run trains on, sampled as
+training samples them, before and after a run (``summary.json``'s ``held_out_*``).
+
+The prompts are the task's held-out entries (``ChatTask.held_out``: a seed of their own); each
+gets ``samples`` completions of at most the run's ``max_completion_length`` tokens at its
+temperature (transformers' ``generate``, the chat template's generation prompt, left padding),
+scored by the task's reward. The sampling has its own seed and leaves the global random state
+as it was, so that evaluating does not change the run.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from typing import Any
+
+#: held-out prompts and samples of each, by default: 128 completions
+PROMPTS = 32
+SAMPLES = 4
+#: the sampling's seed (the same for every run: the same prompts, the same draws for one model)
+SEED = 1234
+
+
+def held_out_reward(
+    model: Any,
+    tokenizer: Any,
+    task: Any,
+    *,
+    max_tokens: int,
+    temperature: float,
+    prompts: int = PROMPTS,
+    samples: int = SAMPLES,
+    entries: list[dict[str, Any]] | None = None,
+    batch: int = 32,
+) -> dict[str, float]:
+    """``reward``: the mean reward of ``samples`` completions of each of ``prompts`` held-out
+    prompts (or of ``entries``, the calibration's); ``right``: the share of completions whose
+    reward is 1 (the right answer)."""
+    import torch
+
+    entries = task.held_out(prompts) if entries is None else entries
+    rows = [e for e in entries for _ in range(samples)]
+    texts = [
+        tokenizer.apply_chat_template(task.messages(e), add_generation_prompt=True, tokenize=False)
+        for e in rows
+    ]
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    was_training = model.training
+    model.eval()
+    replies: list[str] = []
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(SEED)
+            for i in range(0, len(texts), batch):
+                enc = tokenizer(
+                    texts[i : i + batch],
+                    return_tensors="pt",
+                    padding=True,
+                    add_special_tokens=False,
+                ).to(model.device)
+                out = model.generate(
+                    **enc,
+                    do_sample=True,
+                    temperature=temperature,
+                    top_k=0,
+                    top_p=1.0,
+                    max_new_tokens=max_tokens,
+                    pad_token_id=tokenizer.pad_token_id,
+                    eos_token_id=tokenizer.eos_token_id,
+                )
+                new = out[:, enc["input_ids"].shape[1] :]
+                replies += tokenizer.batch_decode(new, skip_special_tokens=True)
+    finally:
+        tokenizer.padding_side = side
+        model.train(was_training)
+    completions = [[{"role": "assistant", "content": r}] for r in replies]
+    rewards = task.reward(texts, completions, entry=[json.dumps(e) for e in rows])
+    return {
+        "reward": statistics.fmean(rewards),
+        "right": statistics.fmean(float(r == 1.0) for r in rewards),
+    }
