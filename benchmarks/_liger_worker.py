@@ -6,7 +6,8 @@ Paths (the same inputs for all; every one ends in ``loss.backward()`` with gradi
 hidden states and the LM-head weight):
 
 * ``gmpo plain`` / ``gmpo compiled``: ``gmpo_core.lm_head.token_logprobs`` (no entropy), then
-  ``gmpo_loss(impl=...)`` with its metrics built;
+  ``gmpo_loss(impl=...)`` with its metrics built; ``gmpo plain fp32-backward``: the head with
+  ``backward_precision="float32"`` (on a CPU the same code as ``gmpo plain``);
 * ``Liger grpo`` / ``Liger dapo`` (``+ compiled``): liger-kernel's ``LigerFusedLinearGRPOLoss``
   (``chunked_loss``) with ``beta=0``, ``use_ref_model=False`` (no KL: gmpo's rows have none
   either) and ``old_per_token_logps`` given, ``compiled=`` False or True;
@@ -34,7 +35,10 @@ PATHS = (
     "Liger dapo",
     "Liger dapo compiled",
     "TRL materialized",
+    "gmpo plain fp32-backward",
 )
+#: the paths run unless --paths says otherwise (the last: the same code as gmpo plain on a CPU)
+DEFAULT_PATHS = PATHS[:-1]
 Inputs = dict[str, Any]
 
 
@@ -83,9 +87,12 @@ def make_step(path: str, x: Inputs) -> Callable[[], float]:
         from gmpo_core.lm_head import token_logprobs
 
         impl = "compiled" if path.endswith("compiled") else "plain"
+        backward = "float32" if path.endswith("fp32-backward") else "half"
 
         def gmpo() -> float:
-            logp = token_logprobs(hidden, weight, ids, compute_entropy=False)[0]
+            logp = token_logprobs(
+                hidden, weight, ids, compute_entropy=False, backward_precision=backward
+            )[0]
             out = gmpo_loss(logp, old, adv, x["mask"], impl=impl)  # type: ignore[arg-type]
             _ = out.metrics  # the metric tensors, as the hosts build them
             return done(out.loss)

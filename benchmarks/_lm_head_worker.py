@@ -15,7 +15,9 @@ from _common import (
 W_ROW_STRIDE = 97  # rows of the weight gradient saved for the cross-path comparison
 
 
-def _make_inputs(n: int, hdim: int, vocab: int, seed: int, device: str = "cpu") -> dict[str, Any]:
+def _make_inputs(
+    n: int, hdim: int, vocab: int, seed: int, device: str = "cpu", dtype: str = "float32"
+) -> dict[str, Any]:
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -29,6 +31,8 @@ def _make_inputs(n: int, hdim: int, vocab: int, seed: int, device: str = "cpu") 
         "g_ent": torch.randn(n, generator=g) * 0.1,
     }
     inputs = {k: v.to(device) for k, v in inputs.items()}
+    for k in ("hidden", "weight"):
+        inputs[k] = inputs[k].to(getattr(torch, dtype))
     inputs["hidden"].requires_grad_()
     inputs["weight"].requires_grad_()
     return inputs
@@ -59,13 +63,17 @@ def _path_fn(path: str, chunk_size: int | None) -> Any:
             return out[0], out[1]
 
         return trl_head
-    if path == "gmpo":
+    if path in ("gmpo", "gmpo-fp32-backward"):
         from gmpo_core.lm_head import DEFAULT_CHUNK_SIZE, token_logprobs
 
         cs = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
+        backward = "half" if path == "gmpo" else "float32"
 
         def gmpo_head(h: Any, w: Any, t: Any, temp: float, ent: bool) -> Any:
-            return token_logprobs(h, w, t, temperature=temp, chunk_size=cs, compute_entropy=ent)
+            return token_logprobs(
+                h, w, t, temperature=temp, chunk_size=cs, compute_entropy=ent,
+                backward_precision=backward,
+            )  # fmt: skip
 
         return gmpo_head
     raise ValueError(f"unknown path {path!r}")
@@ -87,8 +95,8 @@ def worker(args: argparse.Namespace) -> None:
         inp["logps"], inp["entropies"] = logps.detach(), entropies
 
     # warmup at a tiny size: library initialization (oneDNN, trl import) is not what we measure
-    step(_make_inputs(8, args.hidden, min(args.vocab, 4096), seed=1, device=args.device))
-    inp = _make_inputs(args.n, args.hidden, args.vocab, seed=args.seed, device=args.device)
+    step(_make_inputs(8, args.hidden, min(args.vocab, 4096), 1, args.device, args.dtype))
+    inp = _make_inputs(args.n, args.hidden, args.vocab, args.seed, args.device, args.dtype)
     cuda = args.device.startswith("cuda")
     if cuda:
         torch.cuda.synchronize()

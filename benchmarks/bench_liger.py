@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from _common import MALLOC_ENV, REPO, RESULTS, dist_version, environment, write_results
-from _liger_worker import PATHS, worker
+from _liger_worker import DEFAULT_PATHS, PATHS, worker
 
 RESULTS_DIR = RESULTS / "figures-bench"
 LIGER = "liger-kernel"
@@ -102,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per path (after 1 warm-up)")
-    p.add_argument("--paths", default=",".join(PATHS))
+    p.add_argument("--paths", default=",".join(DEFAULT_PATHS), help=f"of {','.join(PATHS)}")
     p.add_argument("--no-memory", action="store_true", help="skip the memory processes")
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)

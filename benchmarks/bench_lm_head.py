@@ -60,7 +60,9 @@ from _lm_head_worker import W_ROW_STRIDE, worker
 #: where this benchmark writes (``make figures-lm-head``)
 RESULTS_DIR = RESULTS / "figures-lm-head"
 
-PATHS = ("materialized", "trl", "gmpo")
+PATHS = ("materialized", "trl", "gmpo", "gmpo-fp32-backward")
+#: the paths run unless --paths says otherwise (gmpo-fp32-backward: the same code on the CPU)
+DEFAULT_PATHS = PATHS[:3]
 
 
 # --------------------------------------------------------------------------------------------
@@ -74,7 +76,7 @@ def _run_worker(
         sys.executable, __file__, "--worker", "--path", path, "--n", str(n),
         "--hidden", str(args.hidden), "--vocab", str(args.vocab),
         "--temperature", str(args.temperature), "--outputs", args.outputs, "--seed", str(args.seed),
-        "--device", args.device,
+        "--device", args.device, "--dtype", args.dtype,
     ]  # fmt: skip
     if args.chunk_size is not None:
         cmd += ["--chunk-size", str(args.chunk_size)]
@@ -129,7 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--outputs", choices=("logp", "logp+entropy"), default="logp")
     p.add_argument("--chunk-size", type=int, default=None, help="gmpo's chunk (default: library)")
-    p.add_argument("--paths", default=",".join(PATHS))
+    p.add_argument("--paths", default=",".join(DEFAULT_PATHS), help=f"of {','.join(PATHS)}")
+    p.add_argument("--dtype", default="float32", help="hidden and weight dtype (bfloat16: a GPU's)")
     p.add_argument("--repeats", type=int, default=2, help="interleaved repeats at the largest N")
     p.add_argument("--sweep-repeats", type=int, default=1, help="interleaved repeats at other N")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -166,6 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if trl_version
         else "TRL (not installed)",
         "gmpo": "gmpo token_logprobs",
+        "gmpo-fp32-backward": "gmpo token_logprobs, backward_precision='float32'",
     }
     import torch
 
@@ -175,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cuda = args.device.startswith("cuda")
     machine = torch.cuda.get_device_name(0) if cuda else cpu_model()
     print(
-        f"# N in {tokens}, H = {args.hidden}, V = {args.vocab}, float32, outputs {args.outputs}, "
+        f"# N in {tokens}, H = {args.hidden}, V = {args.vocab}, {args.dtype}, outputs {args.outputs}, "
         f"τ = {args.temperature}, gmpo chunk_size = {chunk}; torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, {machine}, device {args.device}",
         flush=True,
@@ -286,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "python": platform.python_version(),
         "hidden": args.hidden,
         "vocab": args.vocab,
-        "dtype": "float32",
+        "dtype": args.dtype,
         "outputs": args.outputs,
         "temperature": args.temperature,
         "gmpo_chunk_size": chunk,
@@ -306,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Python {meta['python']}, device {args.device}"
         + (f" ({meta['gpu']})" if cuda else "")
         + ".  ",
-        f"H = {args.hidden}, V = {args.vocab}, float32, outputs: {args.outputs}, "
+        f"H = {args.hidden}, V = {args.vocab}, {args.dtype}, outputs: {args.outputs}, "
         f"temperature {args.temperature}, gmpo chunk_size {chunk}. Time: minimum over repeats; "
         + (
             "peak extra: torch.cuda.max_memory_allocated() of a fresh subprocess minus the memory "
@@ -347,6 +351,7 @@ def _plots(
         "materialized": ("o-", "tab:red"),
         "trl": ("s-", "tab:orange"),
         "gmpo": ("^-", "tab:blue"),
+        "gmpo-fp32-backward": ("v-", "tab:cyan"),
     }
     for key, ylabel, fname, scale in (
         ("peak_extra_bytes", "peak extra memory (GB)", "lm_head_memory.png", 1e-9),

@@ -25,12 +25,17 @@ Within a tile, the element-wise work (max, exp, sums, the gradient formula) runs
 few rows at a time with a scratch buffer that stays in the CPU's cache, so each tile goes through
 main memory about once per pass instead of once per operation.
 
-Precision: everything is computed in float32 (float64 for float64 inputs), whatever the inputs'
-dtype and any autocast context: bf16/fp16 inputs are upcast chunk by chunk (the weight in blocks
-of ``_VOCAB_BLOCK`` rows, so no full-size float32 copy of it exists), logits are never rounded to
-bf16, and the weight gradient is accumulated in float32 across chunks in one (V, H) buffer, cast
-to the weight's dtype once at the end. Outputs ``logps`` and ``entropies`` are float32 (float64
-for float64 inputs); the gradients reach ``hidden``, ``weight`` and ``bias`` in their own dtypes.
+Precision: tiles, sums and gradient accumulators are float32 (float64 for float64 inputs), and
+logits are never rounded to bf16/fp16. On the CPU, and wherever the inputs are float32 outside
+autocast, every GEMM runs in float32: a bf16/fp16 weight is upcast in blocks of rows, so no
+full-size float32 copy of it exists. On CUDA in half precision (bf16/fp16 weights, or under
+autocast) the GEMMs take the half-precision operands with float32 accumulation and a float32
+result (tensor cores), and ``backward_precision`` says whether the backward's GEMMs take ∂L/∂z
+rounded to half precision or run in float32 (``gmpo_core._gemms`` has the rules, one pure
+function of the device type, dtypes and autocast state). The weight gradient is accumulated in
+float32 across chunks in one (V, H) buffer, cast to the weight's dtype once at the end. Outputs
+``logps`` and ``entropies`` are float32 (float64 for float64 inputs); the gradients reach
+``hidden``, ``weight`` and ``bias`` in their own dtypes.
 
 The interface mirrors TRL 1.16's ``trl.kernels.ChunkedLogProbFunction`` (hidden states, LM-head
 weight and bias, target ids, temperature, chunk size; returns log-probs and entropies), so a
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -48,7 +54,24 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "TokenLogProbs", "token_logprobs"]
+from gmpo_core._gemms import (
+    BACKWARD_PRECISIONS,
+    GemmPlan,
+    autocast_dtype,
+    backward_gemms,
+    gemm_plan,
+    operand,
+    project,
+)
+
+__all__ = [
+    "BACKWARD_PRECISIONS",
+    "DEFAULT_CHUNK_SIZE",
+    "GemmPlan",
+    "TokenLogProbs",
+    "gemm_plan",
+    "token_logprobs",
+]
 
 #: Tokens per chunk. At V = 151,936 a float32 tile of 256 tokens is 156 MB; with the float32
 #: weight gradient (V·H·4 = 545 MB at H = 896) the forward+backward stays under 0.8 GB of extra
@@ -61,8 +84,6 @@ DEFAULT_CHUNK_SIZE = 256
 # one cheap parallel region (with 2 threads, blocks of 6 rows of V = 151,936 made `amax` and
 # `sub_` 40x slower per element than blocks of 32 rows; measured with torch 2.13).
 _SCRATCH_BYTES = 20 << 20
-# Rows of the weight upcast at a time when its dtype is not the compute dtype (bf16, fp16).
-_VOCAB_BLOCK = 8192
 
 
 class TokenLogProbs(NamedTuple):
@@ -72,14 +93,6 @@ class TokenLogProbs(NamedTuple):
     """log p(y_t | context), the sampled tokens' log-probabilities. Shape: ``targets.shape``."""
     entropies: Tensor | None
     """Entropy of each next-token distribution, or None when not requested. Shape: ``targets.shape``."""
-
-
-def _compute_dtype(*tensors: Tensor | None) -> torch.dtype:
-    dtype = torch.float32
-    for t in tensors:
-        if t is not None:
-            dtype = torch.promote_types(dtype, t.dtype)
-    return dtype
 
 
 def _autocast_off(device: torch.device) -> contextlib.AbstractContextManager[Any]:
@@ -97,71 +110,42 @@ def _row_block(n_rows: int, vocab: int, elem_size: int, device: torch.device) ->
     return max(1, min(n_rows, _SCRATCH_BYTES // (vocab * elem_size)))
 
 
-def _project(out: Tensor, h: Tensor, weight: Tensor, bias: Tensor | None) -> None:
-    """``out = h @ weight.T (+ bias)`` in ``out``'s dtype. Shape: h (n, H), weight (V, H), out (n, V)."""
-    cdt = out.dtype
-    if weight.dtype == cdt:
-        if bias is None:
-            torch.mm(h, weight.t(), out=out)
-        else:
-            torch.addmm(bias, h, weight.t(), out=out)
-        return
-    vocab = weight.shape[0]
-    for v0 in range(0, vocab, _VOCAB_BLOCK):
-        v1 = min(v0 + _VOCAB_BLOCK, vocab)
-        w = weight[v0:v1].to(cdt)  # (vb, H) upcast block
-        if bias is None:
-            torch.mm(h, w.t(), out=out[:, v0:v1])
-        else:
-            torch.addmm(bias[v0:v1], h, w.t(), out=out[:, v0:v1])
-
-
 def _logit_tiles(
-    hidden: Tensor, weight: Tensor, bias_s: Tensor | None, scale: float, chunk: int,
-    cdt: torch.dtype,
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, scale: float, chunk: int,
+    plan: GemmPlan,
 ) -> Iterator[tuple[int, int, Tensor, Tensor]]:  # fmt: skip
-    """``(s, e, h, tile)`` for each chunk of tokens: its hidden states in the compute dtype
-    ``(e - s, H)`` and its scaled logits ``(e - s, V)``,
-    projected into one buffer that every chunk reuses (forward and recomputing backward)."""
+    """``(s, e, h, tile)`` for each chunk of tokens: its hidden states in the forward GEMM's
+    dtype ``(e - s, H)`` and its logits ``(e - s, V)`` in the compute dtype, projected into one
+    buffer that every chunk reuses (forward and recomputing backward). ``weight``: already
+    :func:`operand`'s. With float32 GEMMs the scale is folded into ``h`` and the bias and the
+    tile holds the logits z; with half operands (``h·s`` would be rounded) it holds z / scale,
+    and the passes apply the scale (:func:`_sub_scaled`)."""
     n_tok, vocab = hidden.shape[0], weight.shape[0]
+    cdt = plan.compute
+    folded = plan.forward == cdt
+    bias_s = None if bias is None else bias.to(cdt) * scale if folded else bias.to(cdt)  # (V,)
     tile_buf = torch.empty(chunk, vocab, device=hidden.device, dtype=cdt)
     for s in range(0, n_tok, chunk):
         e = min(s + chunk, n_tok)
         tile = tile_buf[: e - s]  # (n, V)
-        h = hidden[s:e].to(cdt)  # (n, H)
-        _project(tile, h if scale == 1.0 else h * scale, weight, bias_s)
+        h = hidden[s:e].to(plan.forward)  # (n, H)
+        project(tile, h * scale if folded and scale != 1.0 else h, weight, bias_s)
         yield s, e, h, tile
 
 
-def _backward_gemms(
-    grad_z: Tensor, h: Tensor, weight: Tensor, grad_h: Tensor | None, grad_w: Tensor | None
-) -> None:
-    """``grad_h = grad_z @ weight`` and ``grad_w += grad_z.T @ h``.
-
-    Shape: grad_z (n, V), h (n, H), weight (V, H), grad_h (n, H), grad_w (V, H).
-    """
-    cdt = grad_z.dtype
-    if weight.dtype == cdt:
-        if grad_h is not None:
-            torch.mm(grad_z, weight, out=grad_h)
-        if grad_w is not None:
-            grad_w.addmm_(grad_z.t(), h)
-        return
-    if grad_h is not None:
-        grad_h.zero_()
-    vocab = weight.shape[0]
-    for v0 in range(0, vocab, _VOCAB_BLOCK):
-        v1 = min(v0 + _VOCAB_BLOCK, vocab)
-        gz = grad_z[:, v0:v1]  # (n, vb)
-        if grad_h is not None:
-            grad_h.addmm_(gz, weight[v0:v1].to(cdt))
-        if grad_w is not None:
-            grad_w[v0:v1].addmm_(gz.t(), h)
+def _sub_scaled(blk: Tensor, shift: Tensor, tile_scale: float) -> None:
+    """``blk ← tile_scale·blk − shift`` row by row, in one pass. Shape: blk (rows, V), shift (rows,)."""
+    if tile_scale == 1.0:
+        blk.sub_(shift.unsqueeze(1))
+    else:
+        torch.add(shift.unsqueeze(1).neg(), blk, alpha=tile_scale, out=blk)
 
 
 # Below this log-probability exp() is exactly 0 in float32 and float64: clamping to it changes no
 # probability, and keeps p·log p (and its gradient) at 0 where a logit is −inf.
 _LOG_ZERO = -1e4
+# fallback reasons (GemmPlan.fallback) already warned about in this process
+_WARNED: set[str] = set()
 
 
 class _ChunkedTokenLogProbs(torch.autograd.Function):
@@ -177,12 +161,13 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
         scale: float,  # logit_scale / temperature
         chunk_size: int,
         compute_entropy: bool,
+        plan: GemmPlan,
     ) -> tuple[Tensor, Tensor | None]:
         ctx.set_materialize_grads(False)
         n_tok, vocab = hidden.shape[0], weight.shape[0]
         device = hidden.device
-        cdt = _compute_dtype(hidden, weight, bias)
-        bias_s = None if bias is None else bias.to(cdt) * scale  # (V,)
+        cdt = plan.compute
+        ts = 1.0 if plan.forward == cdt else scale  # z = ts·tile (_logit_tiles)
 
         row_max = torch.empty(n_tok, device=device, dtype=cdt)  # max_v z_v
         sum_exp = torch.empty(n_tok, device=device, dtype=cdt)  # Σ exp(z − max)
@@ -194,14 +179,17 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
         rb = _row_block(chunk, vocab, torch.finfo(cdt).bits // 8, device)
         scratch = torch.empty(rb, vocab, device=device, dtype=cdt)
         with _autocast_off(device):
-            for s, e, _h, tile in _logit_tiles(hidden, weight, bias_s, scale, chunk, cdt):
+            w = operand(weight, plan.forward, cdt)
+            for s, e, _h, tile in _logit_tiles(hidden, w, bias, scale, chunk, plan):
                 for r0 in range(s, e, rb):
                     r1 = min(r0 + rb, e)
                     blk = tile[r0 - s : r1 - s]  # (rows, V), stays in cache for the passes below
                     sc = scratch[: r1 - r0]
                     m = row_max[r0:r1]
                     torch.amax(blk, dim=1, out=m)
-                    blk.sub_(m.unsqueeze(1))  # z − max
+                    if ts != 1.0:
+                        m.mul_(ts)  # max z (ts > 0)
+                    _sub_scaled(blk, m, ts)  # z − max
                     torch.gather(blk, 1, tgt[r0:r1], out=target_z[r0:r1].unsqueeze(1))
                     torch.exp(blk, out=sc)
                     torch.sum(sc, dim=1, out=sum_exp[r0:r1])
@@ -214,7 +202,7 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
         entropies = None if dot is None else log_sum - dot / sum_exp  # (N,)
 
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropies)
-        ctx.scale, ctx.chunk_size = scale, chunk_size
+        ctx.scale, ctx.chunk_size, ctx.plan = scale, chunk_size, plan
         return logps, entropies
 
     @staticmethod
@@ -225,12 +213,13 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
         hidden, weight, bias, targets, lse, entropies = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         if grad_logps is None and grad_entropies is None:
-            return None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None
         n_tok, vocab = hidden.shape[0], weight.shape[0]
         device = hidden.device
-        cdt = lse.dtype
+        plan: GemmPlan = ctx.plan
+        cdt = plan.compute
         scale: float = ctx.scale
-        bias_s = None if bias is None else bias.to(cdt) * scale
+        ts = 1.0 if plan.forward == cdt else scale  # z = ts·tile (_logit_tiles)
 
         # ∂L/∂(h Wᵀ + b) = ∂L/∂z · s / τ: fold s / τ into the per-token upstream gradients.
         g_l = None if grad_logps is None else grad_logps.to(cdt) * scale  # (N,)
@@ -251,12 +240,16 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
         chunk = min(ctx.chunk_size, n_tok)
         rb = _row_block(chunk, vocab, torch.finfo(cdt).bits // 8, device)
         scratch = torch.empty(rb, vocab, device=device, dtype=cdt) if neg_ge is not None else None
+        half = plan.backward != cdt  # ∂L/∂z rounded into a half buffer for its GEMMs
+        half_buf = torch.empty(chunk, vocab, device=device, dtype=plan.backward) if half else None
         with _autocast_off(device):
-            for s, e, h, tile in _logit_tiles(hidden, weight, bias_s, scale, chunk, cdt):
+            w = operand(weight, plan.forward, cdt)
+            w_b = w if plan.backward == plan.forward else operand(weight, plan.backward, cdt)
+            for s, e, h, tile in _logit_tiles(hidden, w, bias, scale, chunk, plan):
                 for r0 in range(s, e, rb):
                     r1 = min(r0 + rb, e)
                     blk = tile[r0 - s : r1 - s]  # (rows, V)
-                    blk.sub_(lse[r0:r1].unsqueeze(1))  # log p
+                    _sub_scaled(blk, lse[r0:r1], ts)  # log p
                     if neg_ge is not None and scratch is not None and neg_c is not None:
                         sc = scratch[: r1 - r0]
                         blk.clamp_(min=_LOG_ZERO)  # p = 0 stays 0 below, and no 0·inf
@@ -267,7 +260,10 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
                         blk.exp_().mul_(neg_c[r0:r1].unsqueeze(1))
                     if g_l is not None:
                         blk.scatter_add_(1, tgt[r0:r1], g_l[r0:r1].unsqueeze(1))
-                _backward_gemms(tile, h, weight, None if grad_h is None else grad_h[s:e], grad_w)
+                if plan.backward != plan.forward:
+                    h = hidden[s:e].to(plan.backward)
+                gh = None if grad_h is None else grad_h[s:e]
+                backward_gemms(tile, h, w_b, gh, grad_w, half_buf)
                 if grad_b is not None:
                     grad_b.add_(tile.sum(0))
 
@@ -275,6 +271,7 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
             None if grad_h is None else grad_h.to(hidden.dtype),
             None if grad_w is None else grad_w.to(weight.dtype),
             None if grad_b is None or bias is None else grad_b.to(bias.dtype),
+            None,
             None,
             None,
             None,
@@ -292,6 +289,7 @@ def token_logprobs(
     logit_scale: float = 1.0,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     compute_entropy: bool = True,
+    backward_precision: str = "half",
 ) -> TokenLogProbs:
     """Sampled tokens' log-probabilities and entropies from hidden states and the LM-head weight.
 
@@ -322,13 +320,19 @@ def token_logprobs(
         chunk_size: tokens per chunk (>= 1). Peak extra memory is about one float32 (chunk, V)
             tile plus the float32 (V, H) weight gradient; see ``DEFAULT_CHUNK_SIZE``.
         compute_entropy: when False, ``entropies`` is None and the forward skips its reduction.
+        backward_precision: the backward's GEMMs where the head runs in half precision (bf16/fp16
+            weights or autocast, on CUDA): ``"half"`` (∂L/∂z rounded to the half dtype, float32
+            accumulation: tensor cores, TRL's precision) or ``"float32"`` (float32 GEMMs). The
+            forward's logits are float32 either way; elsewhere both run float32 GEMMs
+            (``gmpo_core._gemms``; docs/lm_head.md, "Precision").
 
     Returns:
         :class:`TokenLogProbs` ``(logps, entropies)``.
 
     Raises:
         ValueError: on mismatched shapes, non-integer targets, a non-floating hidden or weight,
-            ``temperature`` or ``logit_scale`` not finite and > 0, or ``chunk_size`` < 1.
+            ``temperature`` or ``logit_scale`` not finite and > 0, ``chunk_size`` < 1, or
+            ``backward_precision`` not one of ``BACKWARD_PRECISIONS``.
     """
     if not hidden.is_floating_point() or not weight.is_floating_point():
         raise ValueError(
@@ -356,17 +360,29 @@ def token_logprobs(
         raise ValueError(f"logit_scale must be finite and > 0, got {logit_scale}")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
+    if backward_precision not in BACKWARD_PRECISIONS:
+        raise ValueError(
+            f"backward_precision must be one of {BACKWARD_PRECISIONS}, got {backward_precision!r}"
+        )
 
     lead = targets.shape
     h2 = hidden.reshape(-1, hidden.shape[-1])  # (N, H)
     t1 = targets.reshape(-1).long()  # (N,)
+    device_type = h2.device.type
+    plan = gemm_plan(
+        device_type, h2.dtype, weight.dtype, None if bias is None else bias.dtype,
+        autocast_dtype(device_type), backward_precision,
+    )  # fmt: skip
     if h2.shape[0] == 0:
-        cdt = _compute_dtype(hidden, weight, bias)
-        zero = (h2.sum(-1) + weight.sum() * 0).to(cdt).reshape(lead)  # keeps the graph connected
+        zero = (h2.sum(-1) + weight.sum() * 0).to(plan.compute).reshape(lead)  # keeps the graph
         return TokenLogProbs(zero, zero.clone() if compute_entropy else None)
+    if plan.fallback is not None and plan.fallback not in _WARNED:
+        _WARNED.add(plan.fallback)
+        warnings.warn(plan.fallback, stacklevel=2)
     logps, entropies = _ChunkedTokenLogProbs.apply(  # type: ignore[no-untyped-call]
-        h2, weight, bias, t1, float(logit_scale) / float(temperature), chunk_size, compute_entropy
-    )
+        h2, weight, bias, t1, float(logit_scale) / float(temperature), chunk_size,
+        compute_entropy, plan,
+    )  # fmt: skip
     return TokenLogProbs(
         logps.reshape(lead), None if entropies is None else entropies.reshape(lead)
     )

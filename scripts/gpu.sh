@@ -15,6 +15,16 @@
 #      V 128,256, bf16, B 2-16) -> results/figures-bench/liger_cuda.{md,json}; skipped, with its
 #      reason, where liger-kernel is not installed (a pure-Python wheel on torch and Triton:
 #      pip install --no-deps liger-kernel==0.8.5, from a wheel carried in where there is no index);
+#      gmpo's head with both backward precisions (gmpo_lm_head_backward "half" and "float32");
+#   6. the LM head alone in bf16 at Liger's shapes (H 4096, V 128,256, N 2,048 and 16,384): gmpo's
+#      token_logprobs with both backward precisions, the materialized head and, where trl is
+#      installed, TRL's ChunkedLogProbFunction -> results/figures-lm-head/lm_head_cuda_bf16.*;
+#   7. one training step (loss, backward, AdamW) of gmpo_trl's GMPOTrainer, TRL's GRPOTrainer and
+#      trl.experimental.gmpo.GMPOTrainer on the same batch, a Qwen3-0.6B-shaped model built from
+#      its config (random weights, no hub), bf16: seconds per step and peak memory
+#      -> results/figures-lm-head/gpu_step_cuda.*; skipped, with its reason, where trl is not
+#      installed (carry its wheel in: pip install --no-deps trl==1.16.0, with accelerate and
+#      datasets if missing);
 #   and the whole log -> results/gpu/gpu_cuda.log.
 #
 #   bash scripts/gpu.sh                       # on a GPU machine
@@ -52,8 +62,10 @@ if [ "$DRY" != 0 ]; then
   export HYPOTHESIS_PROFILE=smoke  # a few examples a property
   LOSS=(--quick --shapes 2x16,8x64 --impls "gmpo plain,TRL,verl" --no-write)
   LM_HEAD=(--quick --paths gmpo)
-  LIGER=(--quick --paths "gmpo plain,Liger grpo,Liger dapo,TRL materialized" --no-memory)
-  LIMITS=(60 60 60 60 60)  # seconds per step
+  LIGER=(--quick --paths "gmpo plain,gmpo plain fp32-backward,Liger grpo,Liger dapo,TRL materialized" --no-memory)
+  HEAD_BF16=(--quick --dtype bfloat16 --paths gmpo,gmpo-fp32-backward,materialized,trl)
+  STEP=(--quick)
+  LIMITS=(60 60 60 60 60 60 90)  # seconds per step
 else
   if ! $PY -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
     echo "no CUDA device: GMPO_GPU_DRY_RUN=1 bash scripts/gpu.sh is the CPU dry run" >&2
@@ -66,8 +78,11 @@ else
   LM_HEAD=(--tokens 1024,4096 --repeats 1 --sweep-repeats 1 --tag cuda)
   LIGER=(--shapes 2x128256,4x128256,8x128256,16x128256 --seq 1024 --hidden 4096
          --dtypes bfloat16 --repeats 3 --tag cuda
-         --paths "gmpo plain,Liger grpo,Liger grpo compiled,Liger dapo,TRL materialized")
-  LIMITS=(90 45 45 45 70)  # 295 s, and the start: within five minutes
+         --paths "gmpo plain,gmpo plain fp32-backward,Liger grpo,Liger grpo compiled,Liger dapo,TRL materialized")
+  HEAD_BF16=(--tokens 2048,16384 --hidden 4096 --vocab 128256 --dtype bfloat16 --repeats 1
+             --sweep-repeats 1 --tag cuda_bf16 --paths gmpo,gmpo-fp32-backward,materialized,trl)
+  STEP=(--tag cuda)
+  LIMITS=(75 35 35 35 50 30 40)  # 300 s, and the start: within five minutes
   mkdir -p results/gpu
   exec > >(tee results/gpu/gpu_cuda.log) 2>&1
 fi
@@ -129,6 +144,15 @@ if $PY -c "import importlib.util as u, sys; sys.exit(u.find_spec('liger_kernel')
 else
   echo "== Liger's fused GRPO loss: skipped: liger-kernel is not installed for $PY"
   summary+=("skipped 0 s  Liger's fused GRPO loss (liger-kernel not installed)")
+fi
+step "LM head alone in bf16 at Liger's shapes (both backward precisions)" "${LIMITS[5]}" \
+  $PY benchmarks/bench_lm_head.py --device "$DEVICE" "${HEAD_BF16[@]}"
+if $PY -c "import importlib.util as u, sys; sys.exit(u.find_spec('trl') is None)"; then
+  step "one training step: GMPOTrainer, GRPOTrainer, TRL's GMPOTrainer (Qwen3-0.6B shape)" \
+    "${LIMITS[6]}" $PY benchmarks/bench_gpu_step.py --device "$DEVICE" "${STEP[@]}"
+else
+  echo "== training step against TRL's trainers: skipped: trl is not installed for $PY"
+  summary+=("skipped 0 s  training step against TRL's trainers (trl not installed)")
 fi
 
 load=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?")

@@ -9,6 +9,7 @@ from typing import Any
 
 from trl import GRPOConfig
 
+from gmpo_core.lm_head import BACKWARD_PRECISIONS
 from gmpo_core.options import IMPLS, check_beta
 from gmpo_kit import HostOptions
 from gmpo_trl.fields import GMPO_FIELDS, OTHER_LOSS_FIELDS
@@ -53,6 +54,8 @@ class GMPOConfig(GRPOConfig):
     - ``gmpo_lm_head`` (default True): tokens are scored by :func:`gmpo_core.token_logprobs`
       instead of TRL's chunked LM head, for every scoring pass; where it does not apply (a logit
       soft-cap, extra kernel outputs) TRL's head is used and a warning says so once.
+    - ``gmpo_lm_head_backward`` (default ``"half"``): that head's ``backward_precision``, for
+      bf16/fp16 (or autocast) on CUDA: ``"half"`` or ``"float32"`` backward GEMMs.
     - ``loss_variant`` (default None): a loss variant (a name of ``gmpo_variants.VARIANTS`` or
       ``module:function``) in place of ``gmpo_core.gmpo_loss``; :func:`check_variant` refuses
       what it would drop. It is resolved once (:func:`loss_variant`).
@@ -65,6 +68,7 @@ class GMPOConfig(GRPOConfig):
     use_bias_correction_kl: bool = _option("use_bias_correction_kl")
     gmpo_impl: str = _option("gmpo_impl")
     gmpo_lm_head: bool = _option("gmpo_lm_head")
+    gmpo_lm_head_backward: str = _option("gmpo_lm_head_backward")
     loss_variant: str | None = _option("loss_variant")
 
     def __post_init__(self) -> None:
@@ -149,6 +153,12 @@ def check_config(args: GRPOConfig) -> None:
     # GRPOTrainer builds whenever beta != 0
     check_beta(args.beta, has_ref_logp=True)
     HOST.check_impl(getattr(args, "gmpo_impl", None))
+    backward = getattr(args, "gmpo_lm_head_backward", "half")
+    if backward not in BACKWARD_PRECISIONS:
+        raise ValueError(
+            f"gmpo_lm_head_backward={backward!r}: choose one of {BACKWARD_PRECISIONS} "
+            "(the LM head's backward GEMMs in half precision or in float32)"
+        )
     check_variant(args)
     args.__dict__[CHECKED] = (loss_variant(args),)
 

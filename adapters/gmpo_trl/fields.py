@@ -151,13 +151,15 @@ class Option:
     """One of ``GMPOConfig``'s own options: its default and help text (the dataclass field's, and
     ``gmpo train --help``'s). ``added``: GRPOConfig has no such field. ``fixed``: GMPO accepts
     one value only (``--help`` does not list it). ``aliases``: other option names of the
-    command line (``--variant``)."""
+    command line (``--variant``). ``brief``: ``--help`` lists it (False: ``--help-all`` only,
+    an option few runs set)."""
 
     default: object
     help: str
     added: bool = False
     fixed: bool = False
     aliases: tuple[str, ...] = ()
+    brief: bool = True
 
 
 #: The fields ``GMPOConfig`` declares (GRPOConfig's own default and help replaced, or added), in
@@ -193,6 +195,13 @@ GMPO_FIELDS: dict[str, Option] = {
         "measurements). Where it does not apply (a logit soft-cap, extra kernel outputs) TRL's "
         "head is used, with one warning.",
         added=True,
+    ),
+    "gmpo_lm_head_backward": Option(
+        "half",
+        "gmpo_lm_head's backward GEMMs in bf16/fp16 on CUDA: 'half' (TRL's precision) or "
+        "'float32' (docs/lm_head.md).",
+        added=True,
+        brief=False,
     ),
     "loss_variant": Option(
         None,

@@ -38,6 +38,7 @@ class TokenLogProbHead:
     fallback: Any = None  # TRL's class, set by lm_head_swapped
     warned: ClassVar[set[str]] = set()  # fallback reasons already reported
     calls: ClassVar[int] = 0  # calls of apply, ours or the fallback
+    backward_precision: ClassVar[str] = "half"  # GMPOConfig.gmpo_lm_head_backward
 
     @classmethod
     def warn_once(cls, reason: str, message: str) -> None:
@@ -70,14 +71,15 @@ class TokenLogProbHead:
         # chunk_size is TRL's (vocabulary columns); gmpo_core chunks tokens, with its own default
         logps, entropies = token_logprobs(
             hidden, weight, labels, bias=bias, temperature=temperature, logit_scale=logit_scale,
-            compute_entropy="entropy" in outputs,
+            compute_entropy="entropy" in outputs, backward_precision=cls.backward_precision,
         )  # fmt: skip
         return logps, entropies, None, None, None
 
 
 @contextlib.contextmanager
-def lm_head_swapped() -> Iterator[None]:
-    """Within the block, TRL's patched forward scores tokens with :class:`TokenLogProbHead`.
+def lm_head_swapped(backward_precision: str = "half") -> Iterator[None]:
+    """Within the block, TRL's patched forward scores tokens with :class:`TokenLogProbHead`
+    (its backward GEMMs in ``backward_precision``, ``GMPOConfig.gmpo_lm_head_backward``).
     A block that scored nothing through it (a TRL whose chunked head has another interface, or
     whose scoring pass computes the full logits) warns once that TRL's head was used."""
     reason = chunked_head_unsupported()
@@ -87,6 +89,7 @@ def lm_head_swapped() -> Iterator[None]:
         return
     original = trl_utils._ChunkedLogProbFunction
     TokenLogProbHead.fallback = original
+    TokenLogProbHead.backward_precision = backward_precision
     trl_utils._ChunkedLogProbFunction = TokenLogProbHead
     before = TokenLogProbHead.calls
     try:

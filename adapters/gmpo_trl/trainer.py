@@ -145,7 +145,7 @@ class GMPOTrainer(GRPOTrainer):
         set (for every scoring pass: current, old and reference log-probs alike)."""
         if not self.args.gmpo_lm_head:
             return super()._get_per_token_logps_and_entropies(*args, **kwargs)
-        with lm_head_swapped():
+        with lm_head_swapped(self.args.gmpo_lm_head_backward):
             return super()._get_per_token_logps_and_entropies(*args, **kwargs)
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Tensor:

@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch import Tensor
 
+import gmpo_core._gemms as _gemms
 import gmpo_core.lm_head as lm_head
 from gmpo_core.lm_head import DEFAULT_CHUNK_SIZE, TokenLogProbs, token_logprobs
 
@@ -99,7 +100,7 @@ def small_blocks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Make the CPU row blocks and the weight-upcast blocks tiny so that tests at small V take
     every loop path (several row blocks per chunk, a ragged last one; several vocab blocks)."""
     monkeypatch.setattr(lm_head, "_SCRATCH_BYTES", 3 * 8 * 51)  # 3 rows of V = 51 in float64
-    monkeypatch.setattr(lm_head, "_VOCAB_BLOCK", 16)
+    monkeypatch.setattr(_gemms, "VOCAB_BLOCK", 16)
     yield
 
 

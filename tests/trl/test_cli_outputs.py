@@ -69,7 +69,7 @@ def test_help_defaults_are_gmpoconfigs():
     # bf16 and use_cpu: decided at run time (test_no_accelerator_means_cpu)
     assert declared["bf16"].default is None and declared["use_cpu"].default is False
     text = " ".join(short_help("train").split())
-    shown = [name for name, option in GMPO_FIELDS.items() if not option.fixed]
+    shown = [name for name, option in GMPO_FIELDS.items() if option.brief and not option.fixed]
     assert shown == ["epsilon", "epsilon_high", "delta", "gmpo_impl", "gmpo_lm_head",
                      "loss_variant"]  # fmt: skip
     said = {"epsilon": " Default: 0.4.", "epsilon_high": "", "delta": "",

@@ -68,7 +68,7 @@ def short_help(command: str) -> str:
             add(group, f.name, "X", f.default, f.metadata["help"])
     gmpo = parser.add_argument_group("GMPO (gmpo_trl.GMPOConfig)")
     for name, option in GMPO_FIELDS.items():
-        if not option.fixed:
+        if option.brief and not option.fixed:
             add(gmpo, name, "X", option.default, option.help)
     trl = parser.add_argument_group("training (TRL GRPOConfig, the options most runs set)")
     for name, (metavar, default, text) in COMMON_TRL_OPTIONS.items():
