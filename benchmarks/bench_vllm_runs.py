@@ -61,16 +61,16 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     import dataclasses
     import functools
 
-    from gmpo_tasks import registry
+    from gmpo_tasks import catalog
     from gmpo_trl.cli import main as gmpo
     from gmpo_trl.cli.runs import VLLM_HEADS
     from gmpo_trl.trainer import GMPOTrainer
 
     vllm, vllm_model, correction = KINDS[args.kind]
     if vllm_model:  # the model --use_vllm builds, for a run without vLLM
-        task = registry.TASKS[args.task]
+        task = catalog.TASKS[args.task]
         model = functools.partial(task.model, heads=VLLM_HEADS[args.task])
-        registry.TASKS[args.task] = dataclasses.replace(task, model=model)
+        catalog.TASKS[args.task] = dataclasses.replace(task, model=model)
     gens: list[dict[str, Any]] = []
     inner = GMPOTrainer._generate_and_score_completions
 

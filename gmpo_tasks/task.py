@@ -1,7 +1,7 @@
 """What a task is: one type for ``gmpo --task``, the stability study and the tests.
 
 A task module defines a frozen dataclass subclass of :class:`Task` and an instance of it named
-``TASK`` with the task's own settings; ``gmpo_tasks.registry.TASKS`` lists them (one line per
+``TASK`` with the task's own settings; ``gmpo_tasks.catalog.TASKS`` lists them (one line per
 task). A subclass gives the task's strings: its prompts, the right answer of a prompt and the
 reward of completions (TRL's reward-function signature), in its alphabet. The rest is derived
 here, the same for every task:

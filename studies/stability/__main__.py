@@ -7,7 +7,7 @@ Run from the repository root::
         --steps 100 --out runs/mine                       # any subset
     python -m studies.stability --quick --out runs/quick  # a smoke run (CI), under a minute
 
-A tiny causal transformer (``model.py``) learns a task of ``gmpo_tasks.registry.TASKS``
+A tiny causal transformer (``model.py``) learns a task of ``gmpo_tasks.catalog.TASKS``
 (``--task``; by default ``reverse``, a string of 16 digits): a supervised warm start on noisy
 demonstrations per seed (``gmpo_tasks.warm_start``), then RL from it with each variant of
 ``gmpo_variants.VARIANTS`` (or ``module:function``) at each learning rate, without and with
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from gmpo_stats.outcome import DROP, WINDOW
-from gmpo_tasks.registry import TASKS, check_available
+from gmpo_tasks.catalog import TASKS, check_available
 from gmpo_variants import VARIANTS, resolve
 from studies.stability.plot import plot
 from studies.stability.report import tables

@@ -22,8 +22,8 @@ import torch
 
 import gmpo_core
 from gmpo_core import clip_metrics
+from gmpo_tasks.catalog import TASKS
 from gmpo_tasks.chars import decode, encode
-from gmpo_tasks.registry import TASKS
 from gmpo_tasks.task import CELL, Task
 from gmpo_tasks.warm_start import WarmStart
 from gmpo_tasks.warm_start import warm_start as supervised
@@ -47,7 +47,7 @@ _COUNTS = ("length", "prompts", "minibatches", "epochs", "steps", "d", "heads", 
 class Setup:
     """Everything a run depends on besides variant, learning rate, gradient clip and seed. The
     task's own settings (``length``, ``noise``, the warm start's) default to its entry in
-    ``gmpo_tasks.registry.TASKS`` (:meth:`of`); the RL setting to ``gmpo_tasks.task.CELL``."""
+    ``gmpo_tasks.catalog.TASKS`` (:meth:`of`); the RL setting to ``gmpo_tasks.task.CELL``."""
 
     task_name: str = "reverse"  # a key of TASKS
     length: int = 16  # the task's size: digits to reverse, digits per number, terms...

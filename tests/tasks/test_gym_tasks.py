@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from gmpo_tasks import gym
-from gmpo_tasks.registry import TASKS
+from gmpo_tasks.catalog import TASKS
 from studies.stability.sweep import read_curves
 from tests.tasks.test_gym_extra import GYM, ROOT, _path
 
@@ -93,7 +93,7 @@ def test_the_entry_column_and_a_fresh_process() -> None:
     assert json.loads(entries[0]) == json.loads(json.dumps(task.entry(prompts[0])))
     # a fresh process that drew no prompt scores them alike (from the rebuilt entries)
     code = (
-        "import json, sys; from gmpo_tasks import gym; from gmpo_tasks.registry import TASKS; "
+        "import json, sys; from gmpo_tasks import gym; from gmpo_tasks.catalog import TASKS; "
         "p, c = json.loads(sys.stdin.read()); t = TASKS['countdown']; "
         "print(json.dumps([t.reward(p, c), len(gym._ENTRIES)]))"
     )

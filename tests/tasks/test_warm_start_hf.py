@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("transformers")
 
 from gmpo_tasks.add import AddTask
-from gmpo_tasks.registry import TASKS
+from gmpo_tasks.catalog import TASKS
 from gmpo_tasks.reverse import ReverseTask
 from gmpo_tasks.warm_start import WarmStart, sampled_reward, warm_start_hf
 

@@ -13,7 +13,7 @@ pytest.importorskip("trl")
 import dataclasses
 
 from gmpo_tasks import warm_start
-from gmpo_tasks.registry import TASKS
+from gmpo_tasks.catalog import TASKS
 from gmpo_tasks.reverse import ReverseTask
 from gmpo_tasks.warm_start import WarmStart
 from gmpo_trl.cli import main, runs

@@ -3,7 +3,7 @@ defaults of a run (the built-in task's, each command's, the CPU's).
 
 A run's values, lowest precedence first: the config dataclass's defaults, the CPU defaults (no
 accelerator: ``use_cpu``, no ``bf16``), the built-in task's (no ``--model``:
-``gmpo_tasks.registry.TASKS``), the command's own defaults, the YAML file (``--config``), the
+``gmpo_tasks.catalog.TASKS``), the command's own defaults, the YAML file (``--config``), the
 command line, and what a command forces (``compare``'s GRPO loss and clip).
 :func:`run_defaults` is the middle three.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gmpo_tasks.registry import TASKS, get_task
+from gmpo_tasks.catalog import TASKS, get_task
 from gmpo_trl.cli.errors import CLIError
 
 #: The TRL (GRPOConfig / TrainingArguments) options most runs set, with the default a run with
