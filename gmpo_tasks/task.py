@@ -267,3 +267,21 @@ class Task:
             f"{c.minibatches * c.epochs} optimizer steps on each (steps_per_generation="
             f"{c.minibatches}, num_iterations={c.epochs}), learning_rate={c.lr:g}, max_grad_norm=0"
         )
+
+
+class Backward:
+    """The lengths of a task that writes ``length`` characters back to front (``reverse``,
+    ``spell_backward``): a prompt of ``length`` characters and ``=``, an answer of ``length``
+    characters (at most, where answers vary). Listed before :class:`Task` among the bases."""
+
+    length: int
+
+    @property
+    def prompt_length(self) -> int:
+        """Tokens of a prompt: the ``length`` characters and ``=``."""
+        return self.length + 1
+
+    @property
+    def answer_length(self) -> int:
+        """Tokens of the answer: the characters written back to front."""
+        return self.length
