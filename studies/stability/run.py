@@ -129,7 +129,7 @@ class Setup:
 
     def code_fingerprint(self) -> str:
         """sha256 of the code every run and warm start executes besides its variant (which
-        ``studies.stability.variants.fingerprint`` covers): the study's run and model, the
+        ``studies.stability.fingerprint`` covers): the study's run and model, the
         task's sources (``Task.sources``) and its data's package versions, gmpo_core's
         sources, and torch's version. Part of the cache keys: after a change to any of them, a
         rerun recomputes instead of reusing."""

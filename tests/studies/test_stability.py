@@ -249,24 +249,3 @@ def test_a_change_behind_a_module_attribute_or_a_call_is_recomputed(
     define("2.0")
     stability.sweep(args, Setup(steps=1))
     assert fake_sweep == [(f"{name}:fn", 1e-3)]  # the changed helper or __call__: recomputed
-
-
-_FINGERPRINTS = (
-    "import json\nfrom gmpo_variants import VARIANTS\n"
-    "from studies.stability.fingerprint import fingerprint\n"
-    "print(json.dumps({name: fingerprint(name) for name in sorted(VARIANTS)}))\n"
-)
-
-
-# Regression: the hosts' variants (dapo, gspo, cispo, sapo) read verl through an lru_cache'd
-# function, whose repr holds memory addresses; each process got another fingerprint, so a rerun of
-# the second study's grid recomputed every finished run of theirs instead of reusing it.
-def test_every_variants_fingerprint_is_the_same_in_every_process() -> None:
-    def fingerprints() -> dict[str, str]:
-        out = subprocess.run([sys.executable, "-c", _FINGERPRINTS], capture_output=True,
-                             text=True, check=True, env={**os.environ, "PYTHONHASHSEED": "random"})  # fmt: skip
-        return json.loads(out.stdout)
-
-    first, second = fingerprints(), fingerprints()
-    assert {"dapo", "gspo", "cispo", "sapo", "gmpo"} <= first.keys()
-    assert first == second
