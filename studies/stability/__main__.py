@@ -36,6 +36,7 @@ from typing import Any, NoReturn
 from gmpo_stats.outcome import DROP, WINDOW
 from gmpo_tasks.catalog import TASKS, check_available
 from gmpo_variants import VARIANTS, resolve
+from studies.stability.files import write_atomic
 from studies.stability.plot import plot
 from studies.stability.report import tables
 from studies.stability.run import Setup
@@ -177,7 +178,7 @@ def main(argv: list[str]) -> int:
                "curves": {k: [float(f"{x:.4g}") for x in v] for k, v in res["curves"].items()}}
               for j, res in runs]  # fmt: skip
     out = args.out
-    (out / "summary.json").write_text(json.dumps(records, indent=1) + "\n")
+    write_atomic(out / "summary.json", json.dumps(records, indent=1) + "\n")
     write_curves(out, curves)
     curves_lr = args.curves_lr if args.curves_lr in args.lr else args.lr[0]
     cell = (curves_lr, None if None in args.grad_clip else args.grad_clip[0])
@@ -213,7 +214,7 @@ def main(argv: list[str]) -> int:
         "| seed | reward | entropy |", "|---:|---:|---:|",
         *(f"| {s} | {w['reward']:.3f} | {w['entropy']:.3f} |" for s, w in warm.items()), "",
     ]  # fmt: skip
-    (out / "summary.md").write_text("\n".join(head) + tables(records, args.variants))
+    write_atomic(out / "summary.md", "\n".join(head) + tables(records, args.variants))
     print(f"{len(records)} runs, {wall:.0f} s wall-clock, {spent:.0f} s CPU computed; "
           f"{out}/summary.md")  # fmt: skip
     return 0

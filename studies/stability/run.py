@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import math
 import time
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from gmpo_tasks.task import CELL, Task
 from gmpo_tasks.warm_start import WarmStart
 from gmpo_tasks.warm_start import warm_start as supervised
 from gmpo_variants import resolve
+from studies.stability.files import write_atomic
 from studies.stability.model import TinyLM, completion_logps, sample
 
 STD_EPS = 1e-4  # TRL's group-normalization epsilon
@@ -330,7 +332,9 @@ def init_worker() -> None:
 def warm_job(setup: dict[str, Any], seed: int, path: str) -> dict[str, Any]:
     """Compute a seed's warm start and save it to ``path``; returns its reward, entropy, cpu_s."""
     warm = warm_start(Setup(**setup), seed)
-    torch.save(warm, path)
+    buffer = io.BytesIO()
+    torch.save(warm, buffer)
+    write_atomic(Path(path), buffer.getvalue())  # whole or not at all
     return {k: v for k, v in warm.items() if k != "state"}
 
 

@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import gzip
 import hashlib
+import io
 import json
 import multiprocessing
 import os
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gmpo_stats.outcome import DROP, WINDOW, collapse, failed
+from studies.stability.files import read_json, write_atomic
 from studies.stability.fingerprint import fingerprint
 from studies.stability.run import Setup, init_worker, run_job, warm_job
 
@@ -33,10 +35,11 @@ CURVES_FILE = "curves.jsonl.gz"
 
 
 def write_curves(out: Path, rows: list[dict[str, Any]]) -> None:
-    """:data:`CURVES_FILE` in ``out``: one JSON line per row."""
-    data = "".join(json.dumps(r) + "\n" for r in rows).encode()
-    with gzip.GzipFile(out / CURVES_FILE, "wb", compresslevel=9, mtime=0) as f:
-        f.write(data)
+    """:data:`CURVES_FILE` in ``out``: one JSON line per row (written whole or not at all)."""
+    buffer = io.BytesIO()
+    with gzip.GzipFile(CURVES_FILE, "wb", compresslevel=9, fileobj=buffer, mtime=0) as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows).encode())
+    write_atomic(out / CURVES_FILE, buffer.getvalue())
 
 
 def read_curves(out: Path) -> list[dict[str, Any]]:
@@ -100,8 +103,8 @@ def mechanism(c: dict[str, list[float]]) -> dict[str, float]:
 
 class Invocation:
     """This invocation's line in ``invocations.jsonl`` (one line per invocation that computed
-    something in the directory), rewritten after every finished job: an interrupted sweep keeps
-    the wall-clock and CPU time it spent."""
+    something in the directory), rewritten (whole, :func:`write_atomic`) after every finished
+    job: an interrupted sweep keeps the wall-clock and CPU time it spent."""
 
     def __init__(self, path: Path, workers: int) -> None:
         self.path, self.t0 = path, time.time()
@@ -110,14 +113,14 @@ class Invocation:
             "workers": workers, "load_start": round(os.getloadavg()[0], 2),
             "wall_s": 0.0, "runs": 0, "warm_starts": 0, "cpu_s": 0.0,
         }  # fmt: skip
-        self.lines = path.read_text().splitlines() if path.exists() else []
+        self.lines = [json.dumps(x) for x in invocations(path.parent)]
 
     def update(self, **add: float) -> None:
         for key, value in add.items():
             self.rec[key] += value
         self.rec["wall_s"] = round(time.time() - self.t0, 1)
         self.rec["load_now"] = round(os.getloadavg()[0], 2)
-        self.path.write_text("".join(f"{x}\n" for x in [*self.lines, json.dumps(self.rec)]))
+        write_atomic(self.path, "".join(f"{x}\n" for x in [*self.lines, json.dumps(self.rec)]))
 
 
 def _load(x: float | None) -> str:
@@ -125,8 +128,16 @@ def _load(x: float | None) -> str:
 
 
 def invocations(out: Path) -> list[dict[str, Any]]:
+    """The records of ``out``'s ``invocations.jsonl``; a line that cannot be read (cut short by
+    an earlier version of the study) is left out, and one line says so."""
     path = out / "invocations.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    records = []
+    for n, line in enumerate(path.read_text().splitlines() if path.exists() else [], 1):
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            print(f"{path}: line {n} cannot be read: left out of the cost table", flush=True)
+    return records
 
 
 def sweep(args: argparse.Namespace, setup: Setup) -> tuple[list[Any], dict[int, Any], float]:
@@ -140,20 +151,21 @@ def sweep(args: argparse.Namespace, setup: Setup) -> tuple[list[Any], dict[int, 
     spent = 0.0
     log = Invocation(args.out / "invocations.jsonl", args.workers)
     with ProcessPoolExecutor(args.workers, mp_context=ctx, initializer=init_worker) as pool:
-        warm: dict[int, Any] = {}
         code = setup.code_fingerprint()
         # a warm start depends on its settings and on the code that computes it
         wkey = digest({"warm": setup.warm_key(), "code": code})[:16]
         paths = {s: args.out / "warm" / f"{setup.warm_key()}_{wkey}_seed{s}.pt" for s in args.seeds}
         meta = {s: p.with_suffix(".json") for s, p in paths.items()}
-        todo = [s for s in args.seeds if args.fresh or not meta[s].exists()]
+        warm: dict[int, Any] = {s: None if args.fresh or not paths[s].exists() else read_json(meta[s])
+                for s in args.seeds}  # fmt: skip
+        todo = [s for s in args.seeds if warm[s] is None]
         for s, info in zip(todo, pool.map(warm_job, [sdict] * len(todo), todo,
                                           [str(paths[s]) for s in todo]), strict=True):  # fmt: skip
-            meta[s].write_text(json.dumps(info) + "\n")
+            write_atomic(meta[s], json.dumps(info) + "\n")
+            warm[s] = info
             spent += info["cpu_s"]
             log.update(warm_starts=1, cpu_s=info["cpu_s"])
             print(f"warm start seed {s}: reward {info['reward']:.3f}, {info['cpu_s']:.1f} s CPU")
-        warm = {s: json.loads(meta[s].read_text()) for s in args.seeds}
         # learning-rate major, in the order given: a sweep cut short has whole learning rates
         jobs = [(m, lr, c, s) for lr in args.lr for c in args.grad_clip for s in args.seeds
                 for m in args.variants]  # fmt: skip
@@ -161,19 +173,17 @@ def sweep(args: argparse.Namespace, setup: Setup) -> tuple[list[Any], dict[int, 
         keys = {j: run_key(j, sdict, code, prints) for j in jobs}
         cache = {j: args.out / "runs" / f"{run_name(*j)}_{digest(keys[j])[:16]}.json" for j in jobs}
 
-        def cached(j: Any) -> bool:
-            return (not args.fresh and cache[j].exists()
-                    and json.loads(cache[j].read_text()).get("key") == keys[j])  # fmt: skip
-
-        todo_jobs = [j for j in jobs if not cached(j)]
+        done = {j: None if args.fresh else read_json(cache[j]) for j in jobs}
+        todo_jobs = [j for j in jobs
+                     if not isinstance(done[j], dict) or done[j].get("key") != keys[j]]  # fmt: skip
         futures = {pool.submit(run_job, sdict, *j, str(paths[j[3]])): j for j in todo_jobs}
         for n, (fut, j) in enumerate(futures.items(), 1):
             result = fut.result()
             spent += result["cpu_s"]
-            cache[j].write_text(json.dumps({"key": keys[j], **result}) + "\n")
+            done[j] = {"key": keys[j], **result}
+            write_atomic(cache[j], json.dumps(done[j]) + "\n")
             log.update(runs=1, cpu_s=result["cpu_s"])
             print(f"[{n}/{len(todo_jobs)} at {time.time() - start:.0f} s] {run_name(*j)}: final reward "
                   f"{collapse(result['curves']['reward']).final:.3f}, {result['cpu_s']:.1f} s CPU",
                   flush=True)  # fmt: skip
-    runs = [(j, json.loads(cache[j].read_text())) for j in jobs]
-    return runs, warm, spent
+    return [(j, done[j]) for j in jobs], warm, spent

@@ -20,6 +20,7 @@ from gmpo_variants import registry as variant_registry
 from gmpo_variants.gmpo import gmpo_variant
 from studies.stability import __main__ as stability
 from studies.stability import sweep as sweep_module
+from studies.stability.files import read_json, write_atomic
 from studies.stability.run import Setup, group_advantages, rl_run, warm_start
 from studies.stability.sweep import read_curves
 from tests._user_code import InlinePool, load_module, run_with_modules
@@ -149,6 +150,7 @@ def fake_sweep(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, float]]:
     computed: list[tuple[str, float]] = []
 
     def warm_job(setup: dict, seed: int, path: str) -> dict:
+        Path(path).write_bytes(b"")
         return {"reward": 0.5, "entropy": 1.0, "cpu_s": 0.0}
 
     def run_job(setup: dict, variant: str, lr: float, clip: Any, seed: int, warm: str) -> dict:
@@ -193,6 +195,49 @@ def test_a_method_changed_under_its_name_is_recomputed(
     monkeypatch.setitem(variant_registry._REGISTRY, "gmpo", narrow)
     stability.sweep(args, Setup(steps=1))
     assert fake_sweep == [("gmpo", 1e-3)]  # the changed variant only
+
+
+# Regression: one run file cut short (a kill or a full disk during its write) made every later
+# rerun die in a JSONDecodeError traceback, until the file was deleted by hand.
+def test_a_file_cut_short_is_named_and_computed_again(
+    tmp_path: Path, fake_sweep: list[tuple[str, float]], capsys: Any
+) -> None:
+    args = stability.parse(["--methods", "grpo,gmpo", "--lr", "1e-3", "--grad-clip", "none",
+                            "--seeds", "0,1", "--out", str(tmp_path)])  # fmt: skip
+    first, _, _ = stability.sweep(args, Setup(steps=1))
+    [cut] = (tmp_path / "runs").glob("gmpo_*_seed1_*.json")
+    cut.write_bytes(cut.read_bytes()[:30])
+    [meta] = (tmp_path / "warm").glob("*_seed0.json")
+    meta.write_text('{"rew')
+    log = tmp_path / "invocations.jsonl"
+    log.write_text(log.read_text() + '{"started": "2')
+    fake_sweep.clear()
+    capsys.readouterr()
+    again, warm, _ = stability.sweep(args, Setup(steps=1))
+    assert fake_sweep == [("gmpo", 1e-3)] and again == first  # that run alone, computed again
+    assert json.loads(meta.read_text()) == warm[0]  # the warm start too
+    out = capsys.readouterr().out
+    for line in (f"{cut}: cannot be read (JSONDecodeError): computing it again",
+                 f"{meta}: cannot be read (JSONDecodeError): computing it again",
+                 f"{log}: line 2 cannot be read: left out of the cost table"):  # fmt: skip
+        assert line in out.splitlines(), out
+    assert [json.loads(x)["runs"] for x in log.read_text().splitlines()] == [4, 1]
+    assert sorted(p.name for p in tmp_path.rglob(".*")) == []  # no temporary file left
+
+
+def test_a_write_cut_short_leaves_the_previous_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "run.json"
+    write_atomic(path, '{"old": 1}\n')
+
+    def disk_full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        write_atomic(path, '{"new": 2}\n' * 1000)
+    assert read_json(path) == {"old": 1} and [p.name for p in tmp_path.iterdir()] == ["run.json"]
 
 
 # Regression, issue 31, defect 5: a variant module that raises at import or does not parse
