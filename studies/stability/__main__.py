@@ -40,7 +40,7 @@ from studies.stability.files import write_atomic
 from studies.stability.plot import plot
 from studies.stability.report import tables
 from studies.stability.run import Setup
-from studies.stability.sweep import _load, invocations, record, sweep, write_curves
+from studies.stability.sweep import Interrupted, _load, invocations, record, sweep, write_curves
 
 # the learning rates in run order: the stress point first, then outward (a sweep cut short has
 # whole learning rates, the most informative first); the variants of docs/study.md's sweep
@@ -171,7 +171,17 @@ def main(argv: list[str]) -> int:
     args = parse(argv)
     setup = args.setup
     wall0, load0 = time.time(), os.getloadavg()
-    runs, warm, spent = sweep(args, setup)
+    try:
+        runs, warm, spent = sweep(args, setup)
+    except Interrupted as stop:
+        print(f"python -m studies.stability: interrupted: {stop.kept} of {stop.total} runs "
+              f"computed and kept in {args.out}/runs; the same command computes the rest",
+              file=sys.stderr)  # fmt: skip
+        return 130
+    except KeyboardInterrupt:
+        print(f"python -m studies.stability: stopped; the finished runs are kept in "
+              f"{args.out}/runs", file=sys.stderr)  # fmt: skip
+        return 130
     wall = time.time() - wall0
     records = [{"task": setup.task_name, **record(j, warm[j[3]], res)} for j, res in runs]
     curves = [{"variant": j[0], "lr": j[1], "grad_clip": j[2], "seed": j[3],

@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import io
 import math
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -325,8 +326,10 @@ def update_stats(
 
 def init_worker() -> None:
     """A sweep worker: one intra-op thread (the model's matrices are kilobytes; a second
-    thread only adds synchronization)."""
+    thread only adds synchronization), and Ctrl-C ignored: the main process decides
+    (``sweep.CtrlC``), and a worker finishes the job it has."""
     torch.set_num_threads(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def warm_job(setup: dict[str, Any], seed: int, path: str) -> dict[str, Any]:

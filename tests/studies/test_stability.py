@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +240,47 @@ def test_a_write_cut_short_leaves_the_previous_file(
     with pytest.raises(OSError, match="No space"):
         write_atomic(path, '{"new": 2}\n' * 1000)
     assert read_json(path) == {"old": 1} and [p.name for p in tmp_path.iterdir()] == ["run.json"]
+
+
+_COUNTED = (
+    "import os\n\ndef fn(lp, old, a, m):\n"
+    "    with open(os.environ['STUDY_CALLS'], 'ab') as f:\n        f.write(b'.')\n"
+    "    return -((lp - old).exp() * a[:, None] * m).sum() / m.sum()\n"
+)
+_TINY = "warm_steps=0,prompts=2,group=2,minibatches=1,d=8,heads=1,layers=1"
+
+
+# Regression: Ctrl-C did not stop the study. Leaving the ProcessPoolExecutor block waited for
+# every queued run: after SIGINT a quick study ran 55 s more, and kept nothing it computed.
+def test_ctrl_c_stops_within_a_run_and_keeps_what_finished(tmp_path: Path) -> None:
+    out, calls = tmp_path / "out", tmp_path / "calls"
+    calls.touch()
+    (tmp_path / "counted_variant_mod.py").write_text(_COUNTED)
+    rates = ",".join(f"{k}e-4" for k in range(1, 31))
+    argv = ["-m", "studies.stability", "--quick", "--methods", "counted_variant_mod:fn", "--lr",
+            rates, "--seeds", "0", "--steps", "3", "--workers", "1", "--setup", _TINY,
+            "--out", str(out)]  # fmt: skip
+    updates = 3 * Setup().epochs  # loss calls a run: steps x epochs x minibatches
+    path = os.pathsep.join([str(tmp_path), str(ROOT), str(ROOT / "adapters")])
+    env = {**os.environ, "PYTHONPATH": path, "STUDY_CALLS": str(calls)}
+    proc = subprocess.Popen([sys.executable, *argv], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not list((out / "runs").glob("*.json")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    at_signal = calls.stat().st_size
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    kept = [json.loads(p.read_text()) for p in (out / "runs").glob("*.json")]
+    assert proc.returncode == 130, err
+    assert err.splitlines()[-1] == (
+        f"python -m studies.stability: interrupted: {len(kept)} of 30 runs computed and kept in "
+        f"{out}/runs; the same command computes the rest"
+    )
+    # every run computed is kept; after the signal, the rest of the run under way (and one
+    # more, had one started as the signal was sent), not the queue
+    assert 1 <= len(kept) < 30 and calls.stat().st_size == len(kept) * updates
+    assert calls.stat().st_size - at_signal <= 2 * updates
 
 
 # Regression, issue 31, defect 5: a variant module that raises at import or does not parse
