@@ -92,6 +92,15 @@ def test_the_checks_read_every_package_of_pyproject() -> None:
     assert found - {"tests"} == set(PACKAGE_ROOTS)
 
 
+def test_every_package_data_glob_matches_a_file() -> None:
+    """``[tool.setuptools.package-data]``: each glob matches a file of its package (a glob that
+    matches none ships nothing and says it ships something)."""
+    data = SETUPTOOLS.get("package-data", {})
+    empty = [f"{name}: {glob}" for name, globs in data.items() for glob in globs
+             if not any(PACKAGES[name].glob(glob))]  # fmt: skip
+    assert set(data) <= set(PACKAGES) and empty == []
+
+
 def _module_name(path: Path) -> str:
     for top, root in PACKAGE_ROOTS.items():
         if path.is_relative_to(root / top):
@@ -221,5 +230,26 @@ def test_no_sys_path_manipulation_in_tests_or_benchmarks() -> None:
         if path.name != "test_layout.py"
         for n, line in enumerate(path.read_text().splitlines(), 1)
         if _SYS_PATH.search(line)
+    ]
+    assert offenders == []
+
+
+#: a citation of an internal issue: the word "issue" and its number, which no
+#: contributor can look up
+_ISSUE = re.compile(r"\bissues?\s+#?\d+", re.I)
+
+
+def test_nothing_cites_an_internal_issue_number() -> None:
+    """The repository cites docs/semantics.md's rules (S-numbers) or the CHANGELOG's entries,
+    never the numbers of issues kept elsewhere."""
+    files = [path for folder in (*CODE, "tests", "docs", "results", ".ci")
+             for path in sorted((ROOT / folder).rglob("*")) if path.is_file()]  # fmt: skip
+    files += [ROOT / name for name in ("README.md", "CHANGELOG.md", "Makefile", "pyproject.toml")]
+    offenders = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in files
+        if path.suffix not in (".png", ".gz", ".pt", ".pyc")
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        if _ISSUE.search(line)
     ]
     assert offenders == []

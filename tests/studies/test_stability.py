@@ -89,7 +89,7 @@ def test_quick_run_writes_the_summary_schema(tmp_path: Path) -> None:
     assert "0 s CPU computed" in sub.stdout
 
 
-# Regression, defect 13 of issue 25: duplicates were run once and counted many times, option
+# Regression (CHANGELOG, 0.2): duplicates were run once and counted many times, option
 # errors were tracebacks (or argparse's usage block), and --steps 0 failed after the warm start.
 REFUSED = {  # id: (arguments, the option the refusal names)
     "duplicates": (["--seeds", "0,0", "--methods", "gmpo,gmpo"], "--variants"),
@@ -116,7 +116,7 @@ REFUSED = {  # id: (arguments, the option the refusal names)
     "variant no module": (["--methods", "no_such_module_x:f"], "--variants"),
     "variant no function": (["--methods", "gmpo_variants.gmpo:nope"], "--variants"),
     "variant unknown": (["--variants", "gmpo_wider"], "--variants"),
-    # issue 31, defect 6: values no run can use, refused before any warm start
+    # (CHANGELOG, Unreleased): values no run can use, refused before any warm start
     "setup heads 0": (["--setup", "heads=0"], "--setup"),
     "setup minibatches 0": (["--setup", "minibatches=0"], "--setup"),
     "setup prompts 0": (["--setup", "prompts=0"], "--setup"),
@@ -168,7 +168,7 @@ def fake_sweep(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, float]]:
 LR2 = 1.000000001e-3  # equal to 1e-3 in 6 significant digits
 
 
-# Regression, defect 13 of issue 25: run files were named with :g, so learning rates that
+# Regression (CHANGELOG, 0.2): run files were named with :g, so learning rates that
 # differ past 6 significant digits shared one (the second run overwrote the first).
 def test_learning_rates_that_differ_past_6_digits_are_two_runs(
     tmp_path: Path, fake_sweep: list[tuple[str, float]]
@@ -180,7 +180,7 @@ def test_learning_rates_that_differ_past_6_digits_are_two_runs(
     assert sorted(fake_sweep) == [("gmpo", 1e-3), ("gmpo", LR2)]
 
 
-# Regression, defect 13 of issue 25: the run cache was keyed by the method's name, so a rerun
+# Regression (CHANGELOG, 0.2): the run cache was keyed by the method's name, so a rerun
 # after a change to a method returned the old method's runs.
 def test_a_method_changed_under_its_name_is_recomputed(
     tmp_path: Path, fake_sweep: list[tuple[str, float]], monkeypatch: pytest.MonkeyPatch
@@ -283,7 +283,7 @@ def test_ctrl_c_stops_within_a_run_and_keeps_what_finished(tmp_path: Path) -> No
     assert calls.stat().st_size - at_signal <= 2 * updates
 
 
-# Regression, issue 31, defect 5: a variant module that raises at import or does not parse
+# Regression (CHANGELOG, Unreleased): a variant module that raises at import or does not parse
 # ended the study in a traceback of 26-29 lines.
 @pytest.mark.parametrize(
     ("source", "message"),
@@ -310,7 +310,7 @@ _CALLABLE = (
 )
 
 
-# Regression, issue 31, defect 7: a variant that calls a helper through a module attribute, or a
+# Regression (CHANGELOG, Unreleased): a variant that calls a helper through a module attribute, or a
 # callable object whose __call__ changed, kept its fingerprint, and the cache reused stale runs.
 @pytest.mark.parametrize("kind", ["module attribute", "callable object"])
 def test_a_change_behind_a_module_attribute_or_a_call_is_recomputed(

@@ -136,7 +136,7 @@ def test_reverse_task_is_the_study_task():
 
 
 # --------------------------------------------------------------------------------------------
-# issue 25, defect 11: completion lengths the reverse model cannot hold, or that cannot score
+# (CHANGELOG, 0.2): completion lengths the reverse model cannot hold, or that cannot score
 # --------------------------------------------------------------------------------------------
 
 
