@@ -1,19 +1,25 @@
-"""What the benchmark scripts share: the peak-memory method, and the facts their reports record.
+"""What the benchmark scripts share: the peak-memory method, the facts their reports record, and
+how a script that measures in child processes runs them and publishes what they measured.
 
 The scripts run as ``python benchmarks/<name>.py``, so this directory is on ``sys.path``.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import ctypes.util
 import importlib.metadata
+import json
 import os
 import platform
 import shlex
-from collections.abc import Sequence
+import sys
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 #: every measured output: one folder per ``make`` target that writes it
@@ -156,3 +162,47 @@ def write_results(
         text.replace("- command: \n", f"- command: `{result['command']}`\n")
     )
     print(f"wrote {stem}.json and {stem}.md")
+
+
+def child_or_args(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    child: Callable[[argparse.Namespace], dict[str, Any]],
+    **hidden: str | int,
+) -> argparse.Namespace | None:
+    """``parser``'s options, a hidden ``--child`` and the hidden options ``hidden`` (name:
+    default; what the parent tells a child to measure): a script that measures in child
+    processes runs itself with them. Given ``--child``, this process is one measurement: it
+    prints ``child(args)`` as one JSON line (which the parent reads) and the options are None."""
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    for name, default in hidden.items():
+        parser.add_argument(
+            f"--{name}", type=type(default), default=default, help=argparse.SUPPRESS
+        )
+    args = parser.parse_args(argv)
+    if not args.child:
+        return args
+    print(json.dumps(child(args)), flush=True)
+    return None
+
+
+def publish(
+    stem: Path,
+    script: str,
+    argv: Sequence[str] | None,
+    fields: dict[str, Any],
+    report: Callable[[dict[str, Any]], str],
+    *,
+    start: float,
+    write: bool,
+) -> int:
+    """A measurement's result (:func:`run_meta`'s facts, ``fields``, and ``total_s``, the time
+    since ``start``): its ``report`` printed and, where ``write``, both written under ``stem``
+    (:func:`write_results`). Returns 0, the script's exit status."""
+    result = {**run_meta(script, argv, dist_version("trl")), **fields,
+              "total_s": time.perf_counter() - start}  # fmt: skip
+    text = report(result)
+    print(text)
+    if write:
+        write_results(stem, result, text, script, sys.argv[1:] if argv is None else argv)
+    return 0

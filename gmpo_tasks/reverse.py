@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from gmpo_tasks.chars import DIGITS, SEP
-from gmpo_tasks.task import Task
+from gmpo_tasks.task import Backward, Task
 from gmpo_tasks.warm_start import WARM, WarmStart
 
 
@@ -66,7 +66,7 @@ def partial_reward(prompts: Sequence[str], completions: Sequence[str], **kw: Any
 
 
 @dataclass(frozen=True)
-class ReverseTask(Task):
+class ReverseTask(Backward, Task):
     """Reverse ``length`` digits. ``partial_credit``: reward the fraction of right positions
     instead of exact match."""
 
@@ -78,16 +78,6 @@ class ReverseTask(Task):
     name: ClassVar[str] = "reverse"
     about: ClassVar[str] = "reverse 16 digits, exact match"
     quick_length: ClassVar[int] = 6
-
-    @property
-    def prompt_length(self) -> int:
-        """Tokens of a prompt: the digits and ``=``."""
-        return self.length + 1
-
-    @property
-    def answer_length(self) -> int:
-        """Tokens of the answer: the digits reversed."""
-        return self.length
 
     def prompts(self, n: int, *, seed: int | str) -> list[str]:
         """``n`` prompts ``"d1...dL="`` with uniform digits, the same for the same ``seed``."""

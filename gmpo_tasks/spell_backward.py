@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 from gmpo_tasks.chars import SEP
 from gmpo_tasks.gym import GymTask
+from gmpo_tasks.task import Backward
 from gmpo_tasks.warm_start import WarmStart
 
 #: the calibrated setting (results/tasks-gym/calibration_spell_backward.md): words of 3 to 8
@@ -36,7 +37,7 @@ MIN_WORD = 3  # the gym's shortest word
 
 
 @dataclass(frozen=True)
-class SpellBackwardTask(GymTask):
+class SpellBackwardTask(Backward, GymTask):
     """Reverse a word of 3 to ``length`` letters, left-padded to ``length``."""
 
     length: int = LENGTH
@@ -57,16 +58,6 @@ class SpellBackwardTask(GymTask):
             raise ValueError(
                 f"length must be from 3 to 10 (the gym's word list), got {self.length}"
             )
-
-    @property
-    def prompt_length(self) -> int:
-        """The padded word and ``=``."""
-        return self.length + 1
-
-    @property
-    def answer_length(self) -> int:
-        """The longest word."""
-        return self.length
 
     def config(self) -> dict[str, Any]:
         return {"min_word_len": MIN_WORD, "max_word_len": self.length}

@@ -1,7 +1,7 @@
 """What a task is: one type for ``gmpo --task``, the stability study and the tests.
 
 A task module defines a frozen dataclass subclass of :class:`Task` and an instance of it named
-``TASK`` with the task's own settings; ``gmpo_tasks.registry.TASKS`` lists them (one line per
+``TASK`` with the task's own settings; ``gmpo_tasks.catalog.TASKS`` lists them (one line per
 task). A subclass gives the task's strings: its prompts, the right answer of a prompt and the
 reward of completions (TRL's reward-function signature), in its alphabet. The rest is derived
 here, the same for every task:
@@ -270,3 +270,21 @@ class Task:
             f"{c.minibatches * c.epochs} optimizer steps on each (steps_per_generation="
             f"{c.minibatches}, num_iterations={c.epochs}), learning_rate={c.lr:g}, max_grad_norm=0"
         )
+
+
+class Backward:
+    """The lengths of a task that writes ``length`` characters back to front (``reverse``,
+    ``spell_backward``): a prompt of ``length`` characters and ``=``, an answer of ``length``
+    characters (at most, where answers vary). Listed before :class:`Task` among the bases."""
+
+    length: int
+
+    @property
+    def prompt_length(self) -> int:
+        """Tokens of a prompt: the ``length`` characters and ``=``."""
+        return self.length + 1
+
+    @property
+    def answer_length(self) -> int:
+        """Tokens of the answer: the characters written back to front."""
+        return self.length

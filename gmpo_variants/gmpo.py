@@ -13,13 +13,8 @@ import torch
 from numpy.typing import ArrayLike
 from torch import Tensor
 
-from gmpo_core import (
-    clip_log_ratio,
-    gmpo_loss,
-    masked_geometric_mean,
-    reference,
-    trust_region_log_ratio,
-)
+import gmpo_core.reference
+from gmpo_core import clip_log_ratio, gmpo_loss, masked_geometric_mean, trust_region_log_ratio
 from gmpo_core.options import EPSILON
 from gmpo_variants.recipes import masked_log_ratio, policy_loss
 from gmpo_variants.registry import register
@@ -56,7 +51,7 @@ def asymmetric_clip_from_blocks(logp: Tensor, old_logp: Tensor, advantages: Tens
 def token_clip_reference(logp: ArrayLike, old_logp: ArrayLike, advantages: ArrayLike,
     mask: ArrayLike, epsilon: float = EPSILON, epsilon_high: float | None = None) -> float:  # fmt: skip
     """The float64 counterpart: ``gmpo_core.reference.gmpo_loss``'s value."""
-    return reference.gmpo_loss(
+    return gmpo_core.reference.gmpo_loss(
         logp, old_logp, advantages, mask, epsilon=epsilon, epsilon_high=epsilon_high
     ).loss
 

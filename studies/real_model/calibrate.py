@@ -34,7 +34,7 @@ def calibrate(task_name: str, model_name: str, prompts: int, samples: int) -> di
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from gmpo_tasks import pretrained
-    from gmpo_tasks.registry import get_task
+    from gmpo_tasks.catalog import get_task
     from gmpo_trl.cli.held_out import held_out_reward
 
     task = get_task(task_name)
@@ -92,7 +92,7 @@ def report(rows: list[dict[str, Any]], about: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gmpo_tasks.registry import TASKS
+    from gmpo_tasks.catalog import TASKS
 
     chat = [name for name, t in TASKS.items() if t.model_name is not None]
     p = argparse.ArgumentParser(prog="python -m studies.real_model.calibrate")

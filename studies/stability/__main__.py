@@ -7,7 +7,7 @@ Run from the repository root::
         --steps 100 --out runs/mine                       # any subset
     python -m studies.stability --quick --out runs/quick  # a smoke run (CI), under a minute
 
-A tiny causal transformer (``model.py``) learns a task of ``gmpo_tasks.registry.TASKS``
+A tiny causal transformer (``model.py``) learns a task of ``gmpo_tasks.catalog.TASKS``
 (``--task``; by default ``reverse``, a string of 16 digits): a supervised warm start on noisy
 demonstrations per seed (``gmpo_tasks.warm_start``), then RL from it with each variant of
 ``gmpo_variants.VARIANTS`` (or ``module:function``) at each learning rate, without and with
@@ -34,12 +34,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from gmpo_stats.outcome import DROP, WINDOW
-from gmpo_tasks.registry import TASKS, check_available
+from gmpo_tasks.catalog import TASKS, check_available
 from gmpo_variants import VARIANTS, resolve
+from studies.stability.files import write_atomic
 from studies.stability.plot import plot
 from studies.stability.report import tables
 from studies.stability.run import Setup
-from studies.stability.sweep import _load, invocations, record, sweep, write_curves
+from studies.stability.sweep import Interrupted, _load, invocations, record, sweep, write_curves
 
 # the learning rates in run order: the stress point first, then outward (a sweep cut short has
 # whole learning rates, the most informative first); the variants of docs/study.md's sweep
@@ -170,14 +171,24 @@ def main(argv: list[str]) -> int:
     args = parse(argv)
     setup = args.setup
     wall0, load0 = time.time(), os.getloadavg()
-    runs, warm, spent = sweep(args, setup)
+    try:
+        runs, warm, spent = sweep(args, setup)
+    except Interrupted as stop:
+        print(f"python -m studies.stability: interrupted: {stop.kept} of {stop.total} runs "
+              f"computed and kept in {args.out}/runs; the same command computes the rest",
+              file=sys.stderr)  # fmt: skip
+        return 130
+    except KeyboardInterrupt:
+        print(f"python -m studies.stability: stopped; the finished runs are kept in "
+              f"{args.out}/runs", file=sys.stderr)  # fmt: skip
+        return 130
     wall = time.time() - wall0
     records = [{"task": setup.task_name, **record(j, warm[j[3]], res)} for j, res in runs]
     curves = [{"variant": j[0], "lr": j[1], "grad_clip": j[2], "seed": j[3],
                "curves": {k: [float(f"{x:.4g}") for x in v] for k, v in res["curves"].items()}}
               for j, res in runs]  # fmt: skip
     out = args.out
-    (out / "summary.json").write_text(json.dumps(records, indent=1) + "\n")
+    write_atomic(out / "summary.json", json.dumps(records, indent=1) + "\n")
     write_curves(out, curves)
     curves_lr = args.curves_lr if args.curves_lr in args.lr else args.lr[0]
     cell = (curves_lr, None if None in args.grad_clip else args.grad_clip[0])
@@ -213,7 +224,7 @@ def main(argv: list[str]) -> int:
         "| seed | reward | entropy |", "|---:|---:|---:|",
         *(f"| {s} | {w['reward']:.3f} | {w['entropy']:.3f} |" for s, w in warm.items()), "",
     ]  # fmt: skip
-    (out / "summary.md").write_text("\n".join(head) + tables(records, args.variants))
+    write_atomic(out / "summary.md", "\n".join(head) + tables(records, args.variants))
     print(f"{len(records)} runs, {wall:.0f} s wall-clock, {spent:.0f} s CPU computed; "
           f"{out}/summary.md")  # fmt: skip
     return 0

@@ -25,7 +25,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from gmpo_tasks.registry import TASKS
+from gmpo_tasks.catalog import TASKS
 from gmpo_tasks.task import CELL
 from studies.stability.run import Setup, init_worker, rl_run, warm_start
 

@@ -36,7 +36,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from gmpo_tasks.registry import TASKS, check_available
+from gmpo_tasks.catalog import TASKS, check_available
 from studies.stability.band import calibrate_band, report_band
 from studies.stability.run import Setup, init_worker, warm_start
 

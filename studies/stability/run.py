@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import math
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,12 +24,13 @@ import torch
 
 import gmpo_core
 from gmpo_core import clip_metrics
+from gmpo_tasks.catalog import TASKS
 from gmpo_tasks.chars import decode, encode
-from gmpo_tasks.registry import TASKS
 from gmpo_tasks.task import CELL, Task
 from gmpo_tasks.warm_start import WarmStart
 from gmpo_tasks.warm_start import warm_start as supervised
 from gmpo_variants import resolve
+from studies.stability.files import write_atomic
 from studies.stability.model import TinyLM, completion_logps, sample
 
 STD_EPS = 1e-4  # TRL's group-normalization epsilon
@@ -47,7 +50,7 @@ _COUNTS = ("length", "prompts", "minibatches", "epochs", "steps", "d", "heads", 
 class Setup:
     """Everything a run depends on besides variant, learning rate, gradient clip and seed. The
     task's own settings (``length``, ``noise``, the warm start's) default to its entry in
-    ``gmpo_tasks.registry.TASKS`` (:meth:`of`); the RL setting to ``gmpo_tasks.task.CELL``."""
+    ``gmpo_tasks.catalog.TASKS`` (:meth:`of`); the RL setting to ``gmpo_tasks.task.CELL``."""
 
     task_name: str = "reverse"  # a key of TASKS
     length: int = 16  # the task's size: digits to reverse, digits per number, terms...
@@ -129,7 +132,7 @@ class Setup:
 
     def code_fingerprint(self) -> str:
         """sha256 of the code every run and warm start executes besides its variant (which
-        ``studies.stability.variants.fingerprint`` covers): the study's run and model, the
+        ``studies.stability.fingerprint`` covers): the study's run and model, the
         task's sources (``Task.sources``) and its data's package versions, gmpo_core's
         sources, and torch's version. Part of the cache keys: after a change to any of them, a
         rerun recomputes instead of reusing."""
@@ -323,14 +326,18 @@ def update_stats(
 
 def init_worker() -> None:
     """A sweep worker: one intra-op thread (the model's matrices are kilobytes; a second
-    thread only adds synchronization)."""
+    thread only adds synchronization), and Ctrl-C ignored: the main process decides
+    (``sweep.CtrlC``), and a worker finishes the job it has."""
     torch.set_num_threads(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def warm_job(setup: dict[str, Any], seed: int, path: str) -> dict[str, Any]:
     """Compute a seed's warm start and save it to ``path``; returns its reward, entropy, cpu_s."""
     warm = warm_start(Setup(**setup), seed)
-    torch.save(warm, path)
+    buffer = io.BytesIO()
+    torch.save(warm, buffer)
+    write_atomic(Path(path), buffer.getvalue())  # whole or not at all
     return {k: v for k, v in warm.items() if k != "state"}
 
 

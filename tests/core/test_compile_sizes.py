@@ -67,10 +67,10 @@ def _same_as_plain(x: dict[str, Any]) -> None:
     torch.testing.assert_close(grad, expected_grad)
 
 
-# Regression, issue 31 item 3: against S14 ("a new (B, T) does not recompile"), Inductor's CPU
-# code guarded its float32 sums on the first call's sizes (<= 4096 or > 4096 elements), so
-# (3, 5) then (3, 4100) compiled again, and so did (5000, 3); packed input compiled again at
-# S = 2 after S = 3 (a slice of size S - 1 specialized at 1).
+# Regression (CHANGELOG, Unreleased): against S14 ("a new (B, T) does not recompile"),
+# Inductor's CPU code guarded its float32 sums on the first call's sizes (<= 4096 or > 4096
+# elements), so (3, 5) then (3, 4100) compiled again, and so did (5000, 3); packed input
+# compiled again at S = 2 after S = 3 (a slice of size S - 1 specialized at 1).
 def test_new_sizes_do_not_recompile_with_inductor(monkeypatch: pytest.MonkeyPatch) -> None:
     """The real compiler (Inductor, where the guards arose) over the sizes of reasoning RL:
     rows past 4096 tokens up to 32k, batches past 4096 rows: one compilation."""

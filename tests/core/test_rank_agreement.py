@@ -47,28 +47,28 @@ DISAGREE: dict[str, tuple[dict[str, Any], str]] = {
     "inputs": ({"is_weights": True}, r"disagree on inputs given"),
     "advantages": ({"advantages": [1.0, -0.5, 0.7, 2.0]}, r"disagree on advantages \(digest"),
     "order": ({"advantages": [-1.5, 1.0, 0.7, 2.0]}, r"disagree on advantages \(digest"),
-    # issue 25, defect 1: the old checksums (sum A, sum i A_i) missed these
+    # (CHANGELOG, 0.2): the old checksums (sum A, sum i A_i) missed these
     "negated advantages": ({"both": {"advantages": GRPO_ADV}, "advantages": [-a for a in GRPO_ADV]}, r"disagree on advantages \(digest"),
     "rows swapped in pairs": ({"both": {"advantages": [2.0, 0.0, -1.0, 1.0]}, "advantages": [0.0, 2.0, 1.0, -1.0]}, r"disagree on advantages \(digest"),
-    # issue 25, defect 2: row weights were not compared
+    # (CHANGELOG, 0.2): row weights were not compared
     "row weights doubled": ({"both": {"row_weights": 1.0}, "row_weights": 2.0}, r"disagree on row is_weights \(digest"),
     "epsilon": ({"epsilon": 0.3}, r"disagree on epsilon \(rank 0: 0.2, rank 1: 0.3\)"),
     "impl": ({"impl": "compiled"}, r"disagree on impl \(rank 0: plain, rank 1: compiled\)"),
     "refused value": ({"nan": True}, r"rank 1's input was refused: advantages must be finite"),
     "refused shape": ({"mask_shape": True}, r"rank 1's input was refused: mask must have the shape"),
-    # issue 25, defect 9: an OverflowError left rank 1 alone; a longdouble became an infinite bound
+    # (CHANGELOG, 0.2): an OverflowError left rank 1 alone; a longdouble became an infinite bound
     "epsilon 10**400": ({"epsilon": 10**400}, r"rank 1's input was refused: epsilon must be a finite number > 0"),
     "epsilon longdouble 1e400": ({"epsilon": np.longdouble("1e400")}, r"rank 1's input was refused: epsilon must be a finite number > 0"),
     # a validation error that is not a ValueError (here a broken number type's) is refused too
     "epsilon whose float() raises": ({"epsilon": BadReal()}, r"rank 1's input was refused: RuntimeError: no float here"),
-    # issue 25, defect 14: the 512-byte cut split a UTF-8 character
+    # (CHANGELOG, 0.2): the 512-byte cut split a UTF-8 character
     "long non-ASCII message": ({"impl": LONG}, "rank 1's input was refused: impl must be 'plain'.*got '\u20ac+$"),
 }  # fmt: skip
 
 # Calls that agree: every rank computes, and gets the same loss.
 AGREE: dict[str, dict[str, Any]] = {
     "agree": {},
-    # issue 25, defect 14: the checksum overflowed to NaN, read as a refusal without a reason
+    # (CHANGELOG, 0.2): the checksum overflowed to NaN, read as a refusal without a reason
     "advantages near 1e308": {"both": {"advantages": [1.7e308, 1.7e308, -1.7e308, -1.7e308]}},
     "row weights": {"both": {"row_weights": 1.0}},
     "-0.0 and 0.0": {
@@ -78,7 +78,7 @@ AGREE: dict[str, dict[str, Any]] = {
     "token weights and KL": {"both": {"tokens": True}},  # per token: each rank its own
 }
 
-# issue 25, defect 8: check_values set on some ranks only hung until the group's timeout (one
+# (CHANGELOG, 0.2): check_values set on some ranks only hung until the group's timeout (one
 # rank in the agreement's all_gather, the other in the forward's all_reduce). The ranks that
 # check raise; the others cannot know without a host read, and get a loss that is not finite.
 CHECK_DIFFERS: dict[str, tuple[dict[str, Any], int]] = {  # the scenario, the rank that checks

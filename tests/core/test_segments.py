@@ -376,7 +376,7 @@ def _jvp_func(f: Any, logp: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     "how", [_hvp_create_graph, _hvp_func, _jvp_func], ids=["create_graph", "func-hvp", "func-jvp"]
 )
 def test_second_order_and_forward_mode_packed_equal_padded(impl: str, how: Any) -> None:
-    """Defect 7 (issue 25): on packed input ``create_graph=True`` and torch.func HVPs raised
+    """(CHANGELOG, 0.2): on packed input ``create_graph=True`` and torch.func HVPs raised
     "derivative for aten::_segment_reduce_backward is not implemented", ``torch.func.jvp``
     "Trying to use forward AD with segment_reduce that does not support it"; the padded call on
     the same rows worked. Packed row sums no longer use ``segment_reduce``."""

@@ -182,7 +182,7 @@ def _jvp_by_rows(x: dict[str, Any], v: torch.Tensor) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("layout", ["padded", "packed"])
 def test_forward_ad_dual_tensors(impl: str, layout: str) -> None:
-    """Defect 10 (issue 25): ``torch.autograd.forward_ad`` dual tensors got torch's "You must
+    """(CHANGELOG, 0.2): ``torch.autograd.forward_ad`` dual tensors got torch's "You must
     implement the jvp function for custom autograd.Function to use it with forward mode AD"
     (``torch.func.jvp`` worked). A dual ``logp`` runs the math under autograd, as a
     ``torch.func`` transform does: the tangents of ``loss``, ``per_sequence_loss`` and
@@ -210,7 +210,7 @@ def test_forward_ad_dual_tensors(impl: str, layout: str) -> None:
 @pytest.mark.parametrize("layout", ["padded", "packed"])
 @pytest.mark.parametrize("output", ["loss", "per_sequence_loss"])
 def test_forward_mode_jacobian(impl: str, layout: str, output: str) -> None:
-    """Defect 10 (issue 25): ``jacobian(..., strategy="forward-mode", vectorize=True)`` raised
+    """(CHANGELOG, 0.2): ``jacobian(..., strategy="forward-mode", vectorize=True)`` raised
     "You must implement the jvp function"."""
     x = _inputs()
     p = _layout(x, layout)

@@ -63,7 +63,7 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("is_weights shape", {"is_weights": torch.ones(B, 2)}, r"is_weights must have shape \(B,\), \(B, 1\) or \(B, T\)"),
     ("is_weights integer", {"is_weights": torch.ones(B, dtype=torch.long)}, r"is_weights must be a real floating"),
     ("impl", {"impl": "fast"}, r"impl must be 'plain' \(the default\) or 'compiled', got 'fast'"),
-    # issue 25, defect 9: numbers no float holds raised OverflowError (not a ValueError), or
+    # (CHANGELOG, 0.2): numbers no float holds raised OverflowError (not a ValueError), or
     # passed the check and became an infinite bound (a longdouble), or 1 (a dual cap of 1)
     ("epsilon 10**400", {"epsilon": 10**400}, r"epsilon must be a finite number > 0.*got 1000"),
     ("epsilon Fraction 10**400", {"epsilon": Fraction(10**400)}, r"epsilon must be a finite number > 0"),

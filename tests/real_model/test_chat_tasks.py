@@ -9,7 +9,7 @@ import json
 import pytest
 
 from gmpo_tasks import gym
-from gmpo_tasks.registry import TASKS
+from gmpo_tasks.catalog import TASKS
 
 rg = pytest.importorskip("reasoning_gym")
 CHAT = [name for name, task in TASKS.items() if task.model_name is not None]

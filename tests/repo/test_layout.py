@@ -8,8 +8,44 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+from typing import Any
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
+SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+def installed_packages(setuptools: dict[str, Any]) -> dict[str, Path]:
+    """Each package that pyproject.toml installs (``[tool.setuptools] packages``) and its
+    folder: ``package-dir``'s for the package or the nearest package above it, else the package
+    path below the repository root."""
+    where = setuptools.get("package-dir", {})
+    out = {}
+    for name in setuptools["packages"]:
+        parts = name.split(".")
+        for n in range(len(parts), -1, -1):
+            prefix = ".".join(parts[:n])
+            if n == 0 or prefix in where:
+                base = ROOT / where[prefix] if n else ROOT
+                out[name] = base.joinpath(*parts[n:])
+                break
+    return out
+
+
+PACKAGES = installed_packages(SETUPTOOLS)
+#: importable code that no wheel installs, imported from the repository root
+UNINSTALLED = ("studies", "verl_cpu")
+#: where importable code lives: the package root of each top-level name
+PACKAGE_ROOTS = {
+    **{name: folder.parent for name, folder in PACKAGES.items() if "." not in name},
+    **{name: ROOT for name in UNINSTALLED},
+}
+#: code outside tests that every check below covers: the packages' folders, then the rest
+CODE = (
+    *(str(PACKAGE_ROOTS[name].joinpath(name).relative_to(ROOT)) for name in PACKAGE_ROOTS),
+    "benchmarks", "scripts", "examples",
+)  # fmt: skip
 # ``from tests...``, ``import tests...``, ``python -m tests....`` and module paths in strings
 _USES_TESTS = re.compile(r"(^\s*(from|import)\s+tests\b)|(-m\s+tests\.)|([\"']tests\.\w)", re.M)
 
@@ -17,16 +53,7 @@ _USES_TESTS = re.compile(r"(^\s*(from|import)\s+tests\b)|(-m\s+tests\.)|([\"']te
 def test_nothing_outside_tests_imports_from_tests() -> None:
     offenders = [
         f"{path.relative_to(ROOT)}"
-        for folder in (
-            "gmpo_core",
-            "gmpo_tasks",
-            "adapters",
-            "studies",
-            "scripts",
-            "benchmarks",
-            "examples",
-            "verl_cpu",
-        )
+        for folder in CODE
         for path in sorted((ROOT / folder).rglob("*"))
         if path.suffix in (".py", ".sh") and _USES_TESTS.search(path.read_text(errors="replace"))
     ]
@@ -50,21 +77,28 @@ def test_the_core_uses_public_torch_apis_only() -> None:
     assert offenders == []
 
 
-#: where importable code lives: the package root of each top-level name
-PACKAGE_ROOTS = {
-    "gmpo_core": ROOT,
-    "gmpo_tasks": ROOT,
-    "studies": ROOT,
-    "verl_cpu": ROOT,
-    "gmpo_kit": ROOT / "adapters",
-    "gmpo_trl": ROOT / "adapters",
-    "gmpo_verl": ROOT / "adapters",
-}
-#: code outside tests that the line limit and the import graph cover
-CODE = (
-    "gmpo_core", "gmpo_tasks", "adapters", "studies", "verl_cpu", "benchmarks", "scripts",
-    "examples",
-)  # fmt: skip
+def test_the_checks_read_every_package_of_pyproject() -> None:
+    """The packages come from pyproject.toml (a package added there is checked below, its
+    ``package-dir`` read); each is a folder of modules the checks read, and every folder of
+    importable code at the root or in adapters/ is one of them or of :data:`UNINSTALLED`."""
+    fake = {"packages": ["a", "b", "b.c"], "package-dir": {"b": "x/b"}}
+    assert installed_packages(fake) == {"a": ROOT / "a", "b": ROOT / "x/b", "b.c": ROOT / "x/b/c"}
+    modules = _package_modules()
+    assert [name for name, folder in PACKAGES.items()
+            if name not in modules or modules[name] != folder / "__init__.py"] == []  # fmt: skip
+    found = {
+        p.parent.name for base in (ROOT, ROOT / "adapters") for p in base.glob("*/__init__.py")
+    }
+    assert found - {"tests"} == set(PACKAGE_ROOTS)
+
+
+def test_every_package_data_glob_matches_a_file() -> None:
+    """``[tool.setuptools.package-data]``: each glob matches a file of its package (a glob that
+    matches none ships nothing and says it ships something)."""
+    data = SETUPTOOLS.get("package-data", {})
+    empty = [f"{name}: {glob}" for name, globs in data.items() for glob in globs
+             if not any(PACKAGES[name].glob(glob))]  # fmt: skip
+    assert set(data) <= set(PACKAGES) and empty == []
 
 
 def _module_name(path: Path) -> str:
@@ -196,5 +230,26 @@ def test_no_sys_path_manipulation_in_tests_or_benchmarks() -> None:
         if path.name != "test_layout.py"
         for n, line in enumerate(path.read_text().splitlines(), 1)
         if _SYS_PATH.search(line)
+    ]
+    assert offenders == []
+
+
+#: a citation of an internal issue: the word "issue" and its number, which no
+#: contributor can look up
+_ISSUE = re.compile(r"\bissues?\s+#?\d+", re.I)
+
+
+def test_nothing_cites_an_internal_issue_number() -> None:
+    """The repository cites docs/semantics.md's rules (S-numbers) or the CHANGELOG's entries,
+    never the numbers of issues kept elsewhere."""
+    files = [path for folder in (*CODE, "tests", "docs", "results", ".ci")
+             for path in sorted((ROOT / folder).rglob("*")) if path.is_file()]  # fmt: skip
+    files += [ROOT / name for name in ("README.md", "CHANGELOG.md", "Makefile", "pyproject.toml")]
+    offenders = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in files
+        if path.suffix not in (".png", ".gz", ".pt", ".pyc")
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        if _ISSUE.search(line)
     ]
     assert offenders == []

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from gmpo_variants import registry as variant_registry
 from gmpo_variants.gmpo import gmpo_variant
 from studies.stability import __main__ as stability
 from studies.stability import sweep as sweep_module
+from studies.stability.files import read_json, write_atomic
 from studies.stability.run import Setup, group_advantages, rl_run, warm_start
 from studies.stability.sweep import read_curves
 from tests._user_code import InlinePool, load_module, run_with_modules
@@ -86,7 +89,7 @@ def test_quick_run_writes_the_summary_schema(tmp_path: Path) -> None:
     assert "0 s CPU computed" in sub.stdout
 
 
-# Regression, defect 13 of issue 25: duplicates were run once and counted many times, option
+# Regression (CHANGELOG, 0.2): duplicates were run once and counted many times, option
 # errors were tracebacks (or argparse's usage block), and --steps 0 failed after the warm start.
 REFUSED = {  # id: (arguments, the option the refusal names)
     "duplicates": (["--seeds", "0,0", "--methods", "gmpo,gmpo"], "--variants"),
@@ -113,7 +116,7 @@ REFUSED = {  # id: (arguments, the option the refusal names)
     "variant no module": (["--methods", "no_such_module_x:f"], "--variants"),
     "variant no function": (["--methods", "gmpo_variants.gmpo:nope"], "--variants"),
     "variant unknown": (["--variants", "gmpo_wider"], "--variants"),
-    # issue 31, defect 6: values no run can use, refused before any warm start
+    # (CHANGELOG, Unreleased): values no run can use, refused before any warm start
     "setup heads 0": (["--setup", "heads=0"], "--setup"),
     "setup minibatches 0": (["--setup", "minibatches=0"], "--setup"),
     "setup prompts 0": (["--setup", "prompts=0"], "--setup"),
@@ -149,6 +152,7 @@ def fake_sweep(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, float]]:
     computed: list[tuple[str, float]] = []
 
     def warm_job(setup: dict, seed: int, path: str) -> dict:
+        Path(path).write_bytes(b"")
         return {"reward": 0.5, "entropy": 1.0, "cpu_s": 0.0}
 
     def run_job(setup: dict, variant: str, lr: float, clip: Any, seed: int, warm: str) -> dict:
@@ -164,7 +168,7 @@ def fake_sweep(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, float]]:
 LR2 = 1.000000001e-3  # equal to 1e-3 in 6 significant digits
 
 
-# Regression, defect 13 of issue 25: run files were named with :g, so learning rates that
+# Regression (CHANGELOG, 0.2): run files were named with :g, so learning rates that
 # differ past 6 significant digits shared one (the second run overwrote the first).
 def test_learning_rates_that_differ_past_6_digits_are_two_runs(
     tmp_path: Path, fake_sweep: list[tuple[str, float]]
@@ -176,7 +180,7 @@ def test_learning_rates_that_differ_past_6_digits_are_two_runs(
     assert sorted(fake_sweep) == [("gmpo", 1e-3), ("gmpo", LR2)]
 
 
-# Regression, defect 13 of issue 25: the run cache was keyed by the method's name, so a rerun
+# Regression (CHANGELOG, 0.2): the run cache was keyed by the method's name, so a rerun
 # after a change to a method returned the old method's runs.
 def test_a_method_changed_under_its_name_is_recomputed(
     tmp_path: Path, fake_sweep: list[tuple[str, float]], monkeypatch: pytest.MonkeyPatch
@@ -195,7 +199,91 @@ def test_a_method_changed_under_its_name_is_recomputed(
     assert fake_sweep == [("gmpo", 1e-3)]  # the changed variant only
 
 
-# Regression, issue 31, defect 5: a variant module that raises at import or does not parse
+# Regression: one run file cut short (a kill or a full disk during its write) made every later
+# rerun die in a JSONDecodeError traceback, until the file was deleted by hand.
+def test_a_file_cut_short_is_named_and_computed_again(
+    tmp_path: Path, fake_sweep: list[tuple[str, float]], capsys: Any
+) -> None:
+    args = stability.parse(["--methods", "grpo,gmpo", "--lr", "1e-3", "--grad-clip", "none",
+                            "--seeds", "0,1", "--out", str(tmp_path)])  # fmt: skip
+    first, _, _ = stability.sweep(args, Setup(steps=1))
+    [cut] = (tmp_path / "runs").glob("gmpo_*_seed1_*.json")
+    cut.write_bytes(cut.read_bytes()[:30])
+    [meta] = (tmp_path / "warm").glob("*_seed0.json")
+    meta.write_text('{"rew')
+    log = tmp_path / "invocations.jsonl"
+    log.write_text(log.read_text() + '{"started": "2')
+    fake_sweep.clear()
+    capsys.readouterr()
+    again, warm, _ = stability.sweep(args, Setup(steps=1))
+    assert fake_sweep == [("gmpo", 1e-3)] and again == first  # that run alone, computed again
+    assert json.loads(meta.read_text()) == warm[0]  # the warm start too
+    out = capsys.readouterr().out
+    for line in (f"{cut}: cannot be read (JSONDecodeError): computing it again",
+                 f"{meta}: cannot be read (JSONDecodeError): computing it again",
+                 f"{log}: line 2 cannot be read: left out of the cost table"):  # fmt: skip
+        assert line in out.splitlines(), out
+    assert [json.loads(x)["runs"] for x in log.read_text().splitlines()] == [4, 1]
+    assert sorted(p.name for p in tmp_path.rglob(".*")) == []  # no temporary file left
+
+
+def test_a_write_cut_short_leaves_the_previous_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "run.json"
+    write_atomic(path, '{"old": 1}\n')
+
+    def disk_full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        write_atomic(path, '{"new": 2}\n' * 1000)
+    assert read_json(path) == {"old": 1} and [p.name for p in tmp_path.iterdir()] == ["run.json"]
+
+
+_COUNTED = (
+    "import os\n\ndef fn(lp, old, a, m):\n"
+    "    with open(os.environ['STUDY_CALLS'], 'ab') as f:\n        f.write(b'.')\n"
+    "    return -((lp - old).exp() * a[:, None] * m).sum() / m.sum()\n"
+)
+_TINY = "warm_steps=0,prompts=2,group=2,minibatches=1,d=8,heads=1,layers=1"
+
+
+# Regression: Ctrl-C did not stop the study. Leaving the ProcessPoolExecutor block waited for
+# every queued run: after SIGINT a quick study ran 55 s more, and kept nothing it computed.
+def test_ctrl_c_stops_within_a_run_and_keeps_what_finished(tmp_path: Path) -> None:
+    out, calls = tmp_path / "out", tmp_path / "calls"
+    calls.touch()
+    (tmp_path / "counted_variant_mod.py").write_text(_COUNTED)
+    rates = ",".join(f"{k}e-4" for k in range(1, 31))
+    argv = ["-m", "studies.stability", "--quick", "--methods", "counted_variant_mod:fn", "--lr",
+            rates, "--seeds", "0", "--steps", "3", "--workers", "1", "--setup", _TINY,
+            "--out", str(out)]  # fmt: skip
+    updates = 3 * Setup().epochs  # loss calls a run: steps x epochs x minibatches
+    path = os.pathsep.join([str(tmp_path), str(ROOT), str(ROOT / "adapters")])
+    env = {**os.environ, "PYTHONPATH": path, "STUDY_CALLS": str(calls)}
+    proc = subprocess.Popen([sys.executable, *argv], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not list((out / "runs").glob("*.json")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    at_signal = calls.stat().st_size
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    kept = [json.loads(p.read_text()) for p in (out / "runs").glob("*.json")]
+    assert proc.returncode == 130, err
+    assert err.splitlines()[-1] == (
+        f"python -m studies.stability: interrupted: {len(kept)} of 30 runs computed and kept in "
+        f"{out}/runs; the same command computes the rest"
+    )
+    # every run computed is kept; after the signal, the rest of the run under way (and one
+    # more, had one started as the signal was sent), not the queue
+    assert 1 <= len(kept) < 30 and calls.stat().st_size == len(kept) * updates
+    assert calls.stat().st_size - at_signal <= 2 * updates
+
+
+# Regression (CHANGELOG, Unreleased): a variant module that raises at import or does not parse
 # ended the study in a traceback of 26-29 lines.
 @pytest.mark.parametrize(
     ("source", "message"),
@@ -222,7 +310,7 @@ _CALLABLE = (
 )
 
 
-# Regression, issue 31, defect 7: a variant that calls a helper through a module attribute, or a
+# Regression (CHANGELOG, Unreleased): a variant that calls a helper through a module attribute, or a
 # callable object whose __call__ changed, kept its fingerprint, and the cache reused stale runs.
 @pytest.mark.parametrize("kind", ["module attribute", "callable object"])
 def test_a_change_behind_a_module_attribute_or_a_call_is_recomputed(
@@ -249,24 +337,3 @@ def test_a_change_behind_a_module_attribute_or_a_call_is_recomputed(
     define("2.0")
     stability.sweep(args, Setup(steps=1))
     assert fake_sweep == [(f"{name}:fn", 1e-3)]  # the changed helper or __call__: recomputed
-
-
-_FINGERPRINTS = (
-    "import json\nfrom gmpo_variants import VARIANTS\n"
-    "from studies.stability.fingerprint import fingerprint\n"
-    "print(json.dumps({name: fingerprint(name) for name in sorted(VARIANTS)}))\n"
-)
-
-
-# Regression: the hosts' variants (dapo, gspo, cispo, sapo) read verl through an lru_cache'd
-# function, whose repr holds memory addresses; each process got another fingerprint, so a rerun of
-# the second study's grid recomputed every finished run of theirs instead of reusing it.
-def test_every_variants_fingerprint_is_the_same_in_every_process() -> None:
-    def fingerprints() -> dict[str, str]:
-        out = subprocess.run([sys.executable, "-c", _FINGERPRINTS], capture_output=True,
-                             text=True, check=True, env={**os.environ, "PYTHONHASHSEED": "random"})  # fmt: skip
-        return json.loads(out.stdout)
-
-    first, second = fingerprints(), fingerprints()
-    assert {"dapo", "gspo", "cispo", "sapo", "gmpo"} <= first.keys()
-    assert first == second

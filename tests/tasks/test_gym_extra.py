@@ -1,4 +1,4 @@
-"""The reasoning-gym tasks without reasoning_gym: the registry imports none of it, and every way
+"""The reasoning-gym tasks without reasoning_gym: the catalog imports none of it, and every way
 to run such a task refuses in one line naming the extra (the rest: test_gym_tasks.py)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gmpo_tasks.registry import TASKS, check_available
+from gmpo_tasks.catalog import TASKS, check_available
 
 ROOT = Path(__file__).resolve().parents[2]
 GYM = ("chain_sum", "countdown", "spell_backward")
@@ -23,7 +23,7 @@ def _path() -> str:
 
 
 def test_import_loads_no_reasoning_gym() -> None:
-    code = ("import json, sys; import gmpo_tasks.registry; "
+    code = ("import json, sys; import gmpo_tasks.catalog; "
             "print(json.dumps([m for m in ('reasoning_gym', 'sympy') if m in sys.modules]))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": _path(), "PATH": "/usr/bin:/bin"})  # fmt: skip

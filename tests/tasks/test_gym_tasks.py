@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from gmpo_tasks import gym
-from gmpo_tasks.registry import TASKS
+from gmpo_tasks.catalog import TASKS
 from studies.stability.sweep import read_curves
 from tests.tasks.test_gym_extra import GYM, ROOT, _path
 
@@ -93,7 +93,7 @@ def test_the_entry_column_and_a_fresh_process() -> None:
     assert json.loads(entries[0]) == json.loads(json.dumps(task.entry(prompts[0])))
     # a fresh process that drew no prompt scores them alike (from the rebuilt entries)
     code = (
-        "import json, sys; from gmpo_tasks import gym; from gmpo_tasks.registry import TASKS; "
+        "import json, sys; from gmpo_tasks import gym; from gmpo_tasks.catalog import TASKS; "
         "p, c = json.loads(sys.stdin.read()); t = TASKS['countdown']; "
         "print(json.dumps([t.reward(p, c), len(gym._ENTRIES)]))"
     )
@@ -101,6 +101,27 @@ def test_the_entry_column_and_a_fresh_process() -> None:
                          capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": _path(), "PATH": "/usr/bin:/bin"})  # fmt: skip
     assert json.loads(out.stdout) == [here, 0]
+
+
+# Regression: a prompt drawn before and drawn again kept its old place in the store's eviction
+# order, so later draws of the same batch could drop it; its demonstration then showed the
+# answer of the entry rebuilt from the prompt, and a seed's warm start depended on what its
+# process had drawn before.
+def test_a_batchs_prompts_keep_its_entries_whatever_the_process_drew_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    task = dataclasses.replace(TASKS["countdown"], length=4)
+    batch = task.entries(16, seed="batch")
+    drawn = {task.compact(e): e for e in batch}  # the last drawn entry of each prompt
+    first = task.compact(batch[0])
+    assert task.answer(task.rebuild(first)) != task.answer(drawn[first])  # two answers
+    # a store one prompt short of full after the batch: the first prompt drawn before, and one
+    # other prompt
+    monkeypatch.setattr(gym, "MAX_ENTRIES", len(drawn))
+    monkeypatch.setattr(gym, "_ENTRIES", {(task.name, first): batch[0], (task.name, "x"): {}})
+    assert task.entries(16, seed="batch") == batch
+    assert {p: task.entry(p) for p in drawn} == drawn
+    assert [task.target(p) for p in drawn] == [task.answer(e) for e in drawn.values()]
 
 
 @pytest.mark.parametrize("name", GYM)

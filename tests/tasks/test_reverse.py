@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_import_loads_neither_trl_nor_transformers_nor_torch() -> None:
     code = (
-        "import json, sys; import gmpo_tasks.registry; "
+        "import json, sys; import gmpo_tasks.catalog; "
         "print(json.dumps(sorted(m for m in ('trl', 'transformers', 'torch') if m in sys.modules)))"
     )
     env_path = f"{ROOT}:{ROOT / 'adapters'}"

@@ -1,5 +1,5 @@
 """The warm start and the sampled reward of a transformers model read each task's own prompt and
-answer lengths (issue 31, defect 9: both assumed the reverse task's layout, so with ``add`` a
+answer lengths (CHANGELOG, Unreleased: both assumed the reverse task's layout, so with ``add`` a
 model that always answers right scored 0.0 and the warm start learned prompt positions)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("transformers")
 
 from gmpo_tasks.add import AddTask
-from gmpo_tasks.registry import TASKS
+from gmpo_tasks.catalog import TASKS
 from gmpo_tasks.reverse import ReverseTask
 from gmpo_tasks.warm_start import WarmStart, sampled_reward, warm_start_hf
 

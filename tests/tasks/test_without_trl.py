@@ -1,5 +1,5 @@
 """gmpo_tasks and the stability study need no TRL: with ``trl`` unimportable and its
-distribution metadata missing (a machine where it was never installed), the tasks' registry,
+distribution metadata missing (a machine where it was never installed), the tasks' catalog,
 datasets and rewards, the variants and rules, and a short run of the study import and run."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ except importlib.metadata.PackageNotFoundError:
 else:
     metadata_absent = False
 
-from gmpo_tasks.registry import TASKS
+from gmpo_tasks.catalog import TASKS
 from gmpo_tasks.reverse import ReverseTask
 from gmpo_stats.outcome import collapse
 from gmpo_variants import VARIANTS

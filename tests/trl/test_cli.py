@@ -93,7 +93,7 @@ def test_reward_and_dataset_options(tmp_path, monkeypatch):
         (["compare", "--model", "/nonexistent/model"], "--model '/nonexistent/model': no such"),
         (["compare", "--seeds", "0"], "--seeds must be at least 1, got 0"),
         (["train", "--config", "no_such.yaml"], "--config: no such file 'no_such.yaml'"),
-        # issue 19, defect 6: these ended in a traceback and exit 1
+        # (CHANGELOG, 0.2): these ended in a traceback and exit 1
         (["train", "--config", "bad.yaml"],
          "--config 'bad.yaml': not valid YAML: expected ',' or ']', but got ':' (line 2, "
          "column 8)"),
@@ -106,10 +106,10 @@ def test_reward_and_dataset_options(tmp_path, monkeypatch):
         (["train", "--num_iterations", "0"], "--num_iterations must be an integer >= 1, got 0"),
         (["train", "--learning_rate", "-1"], "--learning_rate must be a finite number >= 0, got"),
         (["compare", "--per_device_train_batch_size", "0"], "--per_device_train_batch_size must"),
-        # issue 25, defect 3: a traceback and exit 1
+        # (CHANGELOG, 0.2): a traceback and exit 1
         (["train", "--beta", "-1"], "beta must be a finite number >= 0, got -1.0"),
         (["compare", "--beta", "nan"], "beta must be a finite number >= 0, got nan"),
-        # issue 25, defect 5: ran to exit 0 ("ratio clip [1 - nan, 1 + nan]")
+        # (CHANGELOG, 0.2): ran to exit 0 ("ratio clip [1 - nan, 1 + nan]")
         (["compare", "--grpo_epsilon", "nan"],
          "--grpo_epsilon must be a finite number in (0, 1) (GRPO's ratio clip [1 - eps, 1 + eps]),"
          " got nan"),
@@ -120,13 +120,13 @@ def test_reward_and_dataset_options(tmp_path, monkeypatch):
         # gmpo compare ignored it (trained from step 1)
         (["compare", "--resume_from_checkpoint", "true"],
          "--resume_from_checkpoint: gmpo compare does not resume"),
-        # issue 27: a loss variant that does not resolve, or a setting it would drop
+        # (CHANGELOG, Unreleased): a loss variant that does not resolve, or a setting it would drop
         (["compare", "--variant", "nope"], "loss_variant: unknown variant 'nope': choose from"),
         (["train", "--loss_variant", "no_such_module_xyz:f"],
          "loss_variant: variant 'no_such_module_xyz:f': no module 'no_such_module_xyz' found"),
         (["compare", "--variant", "gmpo_narrow", "--beta", "0.04"],
          "beta=0.04 does not apply to loss_variant='gmpo_narrow': a variant has no KL term"),
-        # issue 25, defect 12: YAML values of the wrong shape
+        # (CHANGELOG, 0.2): YAML values of the wrong shape
         (["train", "--config", "list.yaml"],
          "--config 'list.yaml': --max_steps must be one int, got [1, 2]"),
         (["train", "--config", "float.yaml"],
@@ -154,7 +154,7 @@ def test_bad_arguments_get_one_line(tmp_path, capsys, monkeypatch, argv, match):
 @pytest.mark.parametrize("command", ["train", "compare"])
 @pytest.mark.parametrize("below", ["", "out"])
 def test_output_dir_at_or_below_a_file_is_refused_before_training(tmp_path, capsys, command, below):
-    """Issue 19, defect 6: ``NotADirectoryError`` (traceback, exit 1) once the run tried to save."""
+    """(CHANGELOG, 0.2): ``NotADirectoryError`` (traceback, exit 1) once the run tried to save."""
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
     out = blocker / below if below else blocker
@@ -193,7 +193,7 @@ def test_use_vllm_without_vllm_is_one_line(tmp_path, capsys):
 
 
 # --------------------------------------------------------------------------------------------
-# issue 25, defect 12: the paths that broke "one line, exit 2"
+# (CHANGELOG, 0.2): the paths that broke "one line, exit 2"
 # --------------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""``gmpo compare --against`` (issue 33, item 2): the losses users run, each through TRL's own
+"""``gmpo compare --against`` (CHANGELOG, Unreleased): the losses users run, each through TRL's own
 ``GRPOTrainer`` with its ``loss_type`` and its documented settings, beside GMPO on the same task
 and seeds; the report's table against GMPO (wins, losses, sign test, failures); the refusals.
 ``--against grpo``, the default, keeps ``gmpo compare``'s output (tests/trl/test_cli*.py)."""
@@ -22,8 +22,9 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def test_compare_against_dapo_and_gspo_end_to_end(tmp_path, capsys):
-    """Issue 33's "done" command, ``gmpo compare --against dapo,gspo --max_steps 2``, on 2
-    seeds: each loss trained by TRL's trainer on the same seeds as GMPO, one plot, the table."""
+    """The command of the CHANGELOG's entry (Unreleased), ``gmpo compare --against dapo,gspo
+    --max_steps 2``, on 2 seeds: each loss trained by TRL's trainer on the same seeds as GMPO,
+    one plot, the table."""
     argv = ["compare", "--against", "dapo,gspo", "--max_steps", "2", "--logging_steps", "1",
             "--seeds", "2", "--output_dir", str(tmp_path)]  # fmt: skip
     assert main(argv) == 0

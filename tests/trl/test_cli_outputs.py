@@ -216,9 +216,10 @@ def test_compare_plot_mean_and_spread(tmp_path, monkeypatch):
 
 
 def _configs_parsed_twice(argv: list[str]) -> tuple[object, object]:
-    """``gmpo compare``'s two configs as they were built before issue 22: argv parsed for
-    GMPOConfig, then, without GMPOConfig's own options, parsed again for GRPOConfig, whose loss and
-    clip were then set with ``setattr``. The oracle of the single parse."""
+    """``gmpo compare``'s two configs as they were built before it parsed once (CHANGELOG, 0.2):
+    argv parsed for GMPOConfig, then, without GMPOConfig's own options, parsed again for
+    GRPOConfig, whose loss and clip were then set with ``setattr``. The oracle of the single
+    parse."""
     import argparse
     import dataclasses
 
@@ -259,7 +260,7 @@ def _configs_parsed_twice(argv: list[str]) -> tuple[object, object]:
 
 
 def test_compare_parses_once_into_the_configs_it_built_parsing_twice(tmp_path):
-    """Issue 22: one parse; GRPO's config from the options the user set. Both configs equal
+    """(CHANGELOG, 0.2): one parse; GRPO's config from the options the user set. Both configs equal
     (``to_dict()``) the two-parse construction on each argument list."""
     from gmpo_trl.cli.compare import configs
     from gmpo_trl.cli.parsing import parse

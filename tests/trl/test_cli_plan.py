@@ -1,6 +1,7 @@
-"""The run plan (issue 32, item 4): from ``gmpo train``'s parsed arguments to the loss, no
-first-party module is visited twice and every check runs once; what the user set is known from
-parsing, so a loss variant beside an option it replaces is refused whatever the option's value.
+"""The run plan (CHANGELOG, Unreleased: one checked plan): from ``gmpo train``'s parsed arguments
+to the loss, no first-party module is visited twice and every check runs once; what the user set
+is known from parsing, so a loss variant beside an option it replaces is refused whatever the
+option's value.
 
 The trace (:func:`trace_train`) follows the calls with ``sys.setprofile``:
 
@@ -164,9 +165,9 @@ def user_inputs(tmp_path, monkeypatch):
 def test_from_parsed_arguments_to_the_loss_no_module_is_visited_twice(
     tmp_path, monkeypatch, request, inputs
 ):
-    """Issue 32: ``gmpo train --epsilon 0.3`` passed parsing, the checks, the config, the
-    options and the task registry twice or three times (``train -> parsing -> checks``, ``runs ->
-    checks``, ``trainer -> config -> options`` again)."""
+    """(CHANGELOG, Unreleased): ``gmpo train --epsilon 0.3`` passed parsing, the checks, the
+    config, the options and the task registry twice or three times (``train -> parsing ->
+    checks``, ``runs -> checks``, ``trainer -> config -> options`` again)."""
     argv = ["--epsilon", "0.3", "--max_steps", "1", "--output_dir", str(tmp_path / "out")]
     if inputs == "user":
         argv += request.getfixturevalue("user_inputs")

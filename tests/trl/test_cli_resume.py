@@ -1,4 +1,4 @@
-"""``gmpo train --resume_from_checkpoint`` (issue 25, defect 4): it resumes, metrics.jsonl keeps
+"""``gmpo train --resume_from_checkpoint`` (CHANGELOG, 0.2): it resumes, metrics.jsonl keeps
 the earlier rows, and a checkpoint that is not there is one line and exit 2.
 
 The runs are the toy run (4 steps, a checkpoint every 2; its default layout generates every 4
@@ -98,7 +98,7 @@ def test_resume_true_takes_the_last_checkpoint_and_replaces_later_rows(
     assert rows_of(out) == rows_of(straight)
 
 
-# Regression, issue 31 defect 1: the state file is written after TRL's own files, so a run
+# Regression (CHANGELOG, Unreleased): the state file is written after TRL's own files, so a run
 # killed during its save leaves a checkpoint that --resume_from_checkpoint true picks, with an
 # empty gmpo_trainer_state_0.pt: resuming raised EOFError.
 def test_resume_true_past_an_empty_state_file(tmp_path, straight, counted_steps, recwarn):

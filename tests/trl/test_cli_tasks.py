@@ -13,7 +13,7 @@ pytest.importorskip("trl")
 import dataclasses
 
 from gmpo_tasks import warm_start
-from gmpo_tasks.registry import TASKS
+from gmpo_tasks.catalog import TASKS
 from gmpo_tasks.reverse import ReverseTask
 from gmpo_tasks.warm_start import WarmStart
 from gmpo_trl.cli import main, runs
@@ -136,7 +136,7 @@ def test_reverse_task_is_the_study_task():
 
 
 # --------------------------------------------------------------------------------------------
-# issue 25, defect 11: completion lengths the reverse model cannot hold, or that cannot score
+# (CHANGELOG, 0.2): completion lengths the reverse model cannot hold, or that cannot score
 # --------------------------------------------------------------------------------------------
 
 

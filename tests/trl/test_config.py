@@ -49,7 +49,7 @@ def test_defaults(tmp_path):
         ({"epsilon_high": float("inf")}, r"epsilon_high must be"),
         ({"delta": 1.0}, r"delta must be a finite number > 1 .*got 1.0"),
         ({"gmpo_impl": "fast"}, r"gmpo_impl must be 'plain' \(the default\) or 'compiled', got"),
-        # issue 25, defect 3: accepted, then trained silently (or failed at the first step)
+        # (CHANGELOG, 0.2): accepted, then trained silently (or failed at the first step)
         ({"beta": -0.5}, r"beta must be a finite number >= 0, got -0.5"),
         ({"beta": float("nan")}, r"beta must be a finite number >= 0, got nan"),
         ({"beta": float("inf")}, r"beta must be a finite number >= 0, got inf"),

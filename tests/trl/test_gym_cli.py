@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("trl")
 
 from gmpo_tasks import warm_start
+from gmpo_tasks.catalog import TASKS
 from gmpo_tasks.chain_sum import ChainSumTask
-from gmpo_tasks.registry import TASKS
 from gmpo_tasks.warm_start import WarmStart
 from gmpo_trl.cli import main
 from gmpo_trl.cli.reports import read_metrics

@@ -1,4 +1,4 @@
-"""``GMPOConfig.loss_variant`` (issue 27): a loss of ``gmpo_variants`` by name or
+"""``GMPOConfig.loss_variant`` (CHANGELOG, Unreleased): a loss of ``gmpo_variants`` by name or
 ``module:function`` in place of gmpo_core's loss in GMPOTrainer's loss step, the settings it
 refuses, and ``gmpo compare --variant`` end to end on the toy task.
 
@@ -181,7 +181,7 @@ def test_trainer_refuses_a_field_set_after_construction(tmp_path):
 
 
 def test_a_variant_that_returns_the_loss_alone_trains_with_an_unknown_clip_fraction(tmp_path):
-    """Issue 31, defect 10: was ``TypeError: ... must return (loss, clipped fraction)``."""
+    """(CHANGELOG, Unreleased): was ``TypeError: ... must return (loss, clipped fraction)``."""
     trainer = make_trainer(tmp_path, loss_variant="tests.trl.test_loss_variant:no_fraction")
     default = make_trainer(tmp_path)
     inputs = inputs_of(default, {"drift": 0.5})
@@ -243,8 +243,8 @@ def test_compare_variant_end_to_end(tmp_path, capsys):
     assert "max clipped fraction (variant)" in out
 
 
-# Regression, issue 31, defect 4: a loss variant whose module raises at import or does not parse,
-# or a YAML value that is not a name, ended in a 37-line traceback and exit 1.
+# Regression (CHANGELOG, Unreleased): a loss variant whose module raises at import or does not
+# parse, or a YAML value that is not a name, ended in a 37-line traceback and exit 1.
 @pytest.mark.parametrize(
     ("command", "source", "message"),
     [

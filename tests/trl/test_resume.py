@@ -1,4 +1,4 @@
-"""Resuming ``GMPOTrainer`` from a checkpoint (issue 25, defect 4): 4 steps straight and 2 steps,
+"""Resuming ``GMPOTrainer`` from a checkpoint (CHANGELOG, 0.2): 4 steps straight and 2 steps,
 saved, then 2 more resumed from ``checkpoint-2`` give the same logged row at every step and the
 same final weights, with the adaptive entropy controller on (its coefficient changes every step,
 and the bonus of a step reads it).
@@ -122,8 +122,8 @@ def test_the_controller_state_matters_to_the_comparison(tmp_path, straight):
     assert got[2]["loss"] != rows[2]["loss"]
 
 
-# Regression, issue 31 defect 1: an empty gmpo_trainer_state_0.pt (a kill during its save, a full
-# disk) raised EOFError on resuming, other bytes an error of the unpickler.
+# Regression (CHANGELOG, Unreleased): an empty gmpo_trainer_state_0.pt (a kill during its save,
+# a full disk) raised EOFError on resuming, other bytes an error of the unpickler.
 @pytest.mark.parametrize("content", [b"", b"eeek, not a checkpoint" * 5], ids=["empty", "garbage"])
 def test_an_unreadable_state_file_resumes_as_grpo_trainer(tmp_path, straight, content):
     """checkpoint-2 inside a buffer with its state file unreadable: steps 3-4 train as from

@@ -1,6 +1,7 @@
-"""``gmpo_trainer_state_<rank>.pt``, GMPOTrainer's own part of a checkpoint (issue 31, defects 1
-and 2): a file that cannot be read, and a checkpoint of another number of processes, resume as
-GRPOTrainer does, alike on every process, with one warning; the file is written atomically.
+"""``gmpo_trainer_state_<rank>.pt``, GMPOTrainer's own part of a checkpoint (CHANGELOG,
+Unreleased, "Resume"): a file that cannot be read, and a checkpoint of another number of
+processes, resume as GRPOTrainer does, alike on every process, with one warning; the file is
+written atomically.
 
 The loads run ``GMPOTrainer._load_optimizer_and_scheduler`` on a folder that holds only the
 state files (GRPOTrainer's part then loads nothing), so that each case takes a tiny trainer and
@@ -85,7 +86,7 @@ def trainer(trainers: list[Any]) -> Any:
     return t
 
 
-# -- defect 1: a file that cannot be read -------------------------------------------------------
+# -- a file that cannot be read -----------------------------------------------------------------
 
 
 def test_a_readable_state_is_restored(tmp_path: Path, trainer: Any) -> None:
@@ -115,7 +116,7 @@ def _saved(obj: Any, tmp_path: Path) -> bytes:
     return (tmp_path / "other.pt").read_bytes()
 
 
-# Regression, issue 31 defect 1: an empty file raised EOFError, other bytes KeyError: '101'.
+# Regression (CHANGELOG, Unreleased): an empty file raised EOFError, other bytes KeyError: '101'.
 @pytest.mark.parametrize("content", list(CONTENTS))
 def test_an_unreadable_state_resumes_as_grpo_with_one_warning(
     tmp_path: Path, trainer: Any, content: str
@@ -142,7 +143,7 @@ def _dies_midway(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
     raise _Killed(28, "No space left on device")
 
 
-# Regression, issue 31 defect 1: the file was written in place, so a failure midway left a
+# Regression (CHANGELOG, Unreleased): the file was written in place, so a failure midway left a
 # partial file where the previous one was.
 def test_a_save_that_fails_midway_leaves_the_previous_file(
     tmp_path: Path, trainer: Any, monkeypatch: pytest.MonkeyPatch
@@ -175,7 +176,7 @@ def test_a_save_writes_the_world_size(
     assert saved["world_size"] == 1 and saved["step"] == 3
 
 
-# -- defect 2: another number of processes ------------------------------------------------------
+# -- another number of processes ----------------------------------------------------------------
 
 
 class _Group:
@@ -234,7 +235,7 @@ def load_as_ranks(
     return messages
 
 
-# Regression, issue 31 defect 2: resumed by two processes from a one-process checkpoint, rank 0
+# Regression (CHANGELOG, Unreleased): resumed by two processes from a one-process checkpoint, rank 0
 # restored its counter and buffer while rank 1 (no gmpo_trainer_state_1.pt) started at 0: rank 0
 # trained while rank 1 generated.
 def test_a_rank_without_its_file_makes_every_rank_drop_the_state(
@@ -287,7 +288,7 @@ def test_a_checkpoint_of_grpo_trainer_resumes_silently(
     assert all(resumed_as_grpo(t) for t in trainers)
 
 
-# Regression, issue 31 defect 2: a one-process run restored rank 0's share of a two-process
+# Regression (CHANGELOG, Unreleased): a one-process run restored rank 0's share of a two-process
 # checkpoint's buffer as if it were the whole.
 @pytest.mark.parametrize("recorded", [True, False])
 def test_fewer_processes_than_saved_drop_the_state(

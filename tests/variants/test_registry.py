@@ -132,7 +132,7 @@ print(json.dumps(out))
 
 def test_resolve_refuses_in_one_line(tmp_path) -> None:
     """A user's module that raises at import or does not parse, a missing or non-callable
-    attribute, an unknown name: each a ValueError of one line (issue 31, defects 4 and 5)."""
+    attribute, an unknown name: each a ValueError of one line (CHANGELOG, Unreleased)."""
     proc = run_with_modules(["-c", _RESOLVE], tmp_path, _MODULES)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -162,7 +162,7 @@ def test_a_variant_that_needs_a_missing_extra_is_one_line(monkeypatch) -> None:
 
 
 def test_a_variant_that_returns_the_loss_alone_has_an_unknown_clipped_fraction() -> None:
-    """Every recipe of docs/recipes.md returns the loss alone (issue 31, defect 10)."""
+    """Every recipe of docs/recipes.md returns the loss alone (CHANGELOG, Unreleased)."""
     variant = resolve("gmpo_variants.ablations:sequence_clip_loss")
     logp, old, adv, mask = _inputs()
     loss, clipped = variant(logp, old, adv, mask)

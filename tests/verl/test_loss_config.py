@@ -72,7 +72,7 @@ def test_sum_modes_are_refused_naming_the_mode_to_use(actor_config, mode: str) -
 
 
 def test_an_unknown_mode_is_named_as_unknown(actor_config) -> None:
-    """Defect (issue 19, 8): an unknown loss_agg_mode was refused as if it were "a token sum"."""
+    """(CHANGELOG, 0.2): an unknown loss_agg_mode was refused as if it were "a token sum"."""
     from gmpo_verl.loss import check_loss_agg_mode
 
     with pytest.raises(ValueError, match="seq-mean-token-sum") as info:
@@ -119,7 +119,7 @@ def test_verl_token_mean_refuses_too_few_global_tokens() -> None:
     assert torch.isfinite(loss)
 
 
-# Regression, defect 14 of issue 25: clip_ratio_low=True (read as 1.0) and "0.3" went through
+# Regression (CHANGELOG, 0.2): clip_ratio_low=True (read as 1.0) and "0.3" went through
 # float() while clip_ratio_c=True was refused, and "abc" failed without naming the key. Now every
 # clip key takes a number only (verl's configs come from Hydra/OmegaConf, which types them), and
 # each error names the key it read, clip_ratio included when it stands in for a null bound.
@@ -142,7 +142,7 @@ def test_clip_keys_take_numbers_only_and_errors_name_the_key(
         call_loss(config, slice(None), batch, batch["log_prob"], "gmpo_dual_clip")
 
 
-# Regression, defect 14 of issue 25: batch_num_tokens=0 was reported as "= 1" (the denominator it
+# Regression (CHANGELOG, 0.2): batch_num_tokens=0 was reported as "= 1" (the denominator it
 # had been raised to), not as the value given.
 def test_too_few_global_tokens_reports_the_value_given(actor_config) -> None:
     batch = verl_batch()

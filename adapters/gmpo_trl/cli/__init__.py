@@ -32,7 +32,7 @@ from gmpo_trl.cli.errors import CLIError, Interrupted
 # ``runs.Parsed``, once), ``runs`` (a run's plan, built and checked once, its trainer and its
 # outputs), ``checks`` (model, dataset, rewards, counts, output directory: before any work),
 # ``callbacks``, ``reports`` and ``plots`` (pure functions of the logged rows). The built-in
-# tasks are ``gmpo_tasks.registry.TASKS``.
+# tasks are ``gmpo_tasks.catalog.TASKS``.
 
 
 def main(argv: Sequence[str] | None = None) -> int:

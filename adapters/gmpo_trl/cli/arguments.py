@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gmpo_tasks.registry import TASKS
+from gmpo_tasks.catalog import TASKS
 from gmpo_trl.cli.comparators import COMPARATORS, DEFAULT_AGAINST
 
 

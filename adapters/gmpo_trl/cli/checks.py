@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gmpo_tasks.registry import TASKS, get_task
+from gmpo_tasks.catalog import TASKS, get_task
 from gmpo_tasks.task import Task
 from gmpo_trl.cli.comparators import COMPARATORS
 from gmpo_trl.cli.errors import CLIError

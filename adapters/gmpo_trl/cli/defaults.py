@@ -4,7 +4,7 @@ defaults of a run (the built-in task's, a pretrained model's, each command's, th
 A run's values, lowest precedence first: the config dataclass's defaults, the CPU defaults (no
 accelerator: ``use_cpu``, no ``bf16``), a pretrained model's (:data:`MODEL_DEFAULTS`: ``--model``,
 or a task's own pretrained model), the built-in task's (without ``--dataset``: its own
-settings; a tiny-model task's only without ``--model``), the command's own defaults, the YAML
+settings; a tiny-model task's only without ``--model``: ``gmpo_tasks.catalog.TASKS``), the command's own defaults, the YAML
 file (``--config``), the command line, and what a command forces (``compare``'s GRPO loss and
 clip). :func:`run_defaults` is the middle four; ``gmpo train`` and ``gmpo compare`` share them.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gmpo_tasks.registry import TASKS, get_task
+from gmpo_tasks.catalog import TASKS, get_task
 from gmpo_trl.cli.errors import CLIError
 
 #: What a run on a pretrained model (``--model``, or a chat task's own) gets where TRL's

@@ -6,7 +6,7 @@
   once, before any work (:mod:`gmpo_trl.cli.checks`); training, ``gmpo compare``, the plots and
   the summaries read it;
 - :func:`build_trainer` and :func:`run`: the trainer of one run of a plan (the user's model,
-  dataset and rewards, or the task's: ``gmpo_tasks.registry.TASKS``), its training, and its
+  dataset and rewards, or the task's: ``gmpo_tasks.catalog.TASKS``), its training, and its
   outputs (``metrics.jsonl``, ``metrics.png``, ``summary.json``/``summary.md``).
 """
 

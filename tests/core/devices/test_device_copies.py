@@ -155,7 +155,7 @@ def test_the_recorder_lets_fills_and_host_work_through() -> None:
 def test_gmpo_loss_copies_nothing_to_the_device(
     impl: str, layout: str, option: str, upstream: str
 ) -> None:
-    """Defect 6 (issue 25): the compiled path built its 0-d hyper-parameters with
+    """(CHANGELOG, 0.2): the compiled path built its 0-d hyper-parameters with
     ``torch.tensor(<list>, device=logp.device)``, a host-to-device copy on every call. Forward,
     backward (``log_coef`` as the upstream recomputes the math under autograd), ``out.metrics``
     and the stats reductions."""

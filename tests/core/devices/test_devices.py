@@ -65,7 +65,7 @@ def _meta_args() -> dict[str, torch.Tensor]:
 
 
 def test_metrics_on_meta() -> None:
-    """Defect 1 (issue 19): ``out.metrics`` and ``gmpo_core.metrics.minima`` raised "Tensor on
+    """(CHANGELOG, 0.2): ``out.metrics`` and ``gmpo_core.metrics.minima`` raised "Tensor on
     device cpu is not on the expected device meta!"."""
     out = gmpo_loss(**_meta_args())
     m = out.metrics
@@ -121,7 +121,7 @@ def test_loss_forward_and_backward_on_meta(
     impl: str, layout: str, option: str, upstream: str
 ) -> None:
     """Both paths end to end on meta tensors: no host read, no CPU constant. ``log_coef`` as the
-    upstream recomputes the math under autograd in the backward. Defect 14 (issue 25): the
+    upstream recomputes the math under autograd in the backward. (CHANGELOG, 0.2): the
     compiled path on meta ended in an Inductor-internal error ("Argument
     'empty_strided_default_2' of Node 'where_4' was used before it has been defined!"); on meta
     it runs the same function uncompiled (docs/api.md, "Devices")."""
