@@ -24,6 +24,9 @@ from gmpo_tasks.task import Task
 _ALL = (successor.TASK, reverse.TASK, add.TASK, chain_sum.TASK, countdown.TASK, spell_backward.TASK,
         chat_chain_sum.TASK, chat_spell_backward.TASK)  # fmt: skip
 TASKS: dict[str, Task] = {t.name: t for t in _ALL}
+#: the tasks of a built-in tiny model (the stability study's); the others train a pretrained
+#: chat model (``Task.model_name``)
+TINY_TASKS: dict[str, Task] = {n: t for n, t in TASKS.items() if t.model_name is None}
 
 
 def get_task(name: object) -> Task:

@@ -15,8 +15,8 @@ from typing import Any, ClassVar
 
 from gmpo_tasks.chat import ChatTask
 
-#: words of 3 to 4 letters: the untrained model's mean reward in the calibration band
-LONGEST = 4
+#: words of 3 letters: the untrained model's mean reward in the calibration band
+LONGEST = 3
 SHORTEST = 3  # the gym's shortest word
 
 

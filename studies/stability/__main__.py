@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from gmpo_stats.outcome import DROP, WINDOW
-from gmpo_tasks.catalog import TASKS, check_available
+from gmpo_tasks.catalog import TASKS, TINY_TASKS, check_available
 from gmpo_variants import VARIANTS, resolve
 from studies.stability.files import write_atomic
 from studies.stability.plot import plot
@@ -94,7 +94,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     """The options, checked: a refusal is one line on stderr and exit status 2, before any work.
     ``args.setup`` is the run's :class:`Setup`; each variant is resolved here once."""
     p = _Parser(prog="python -m studies.stability", description=__doc__.split("\n\n")[0])
-    p.add_argument("--task", default="reverse", choices=list(TASKS),
+    p.add_argument("--task", default="reverse", choices=list(TINY_TASKS),
                    help="the task (default reverse)")  # fmt: skip
     p.add_argument("--variants", "--methods", dest="variants",
                    help=f"comma list of {', '.join(VARIANTS)} or module:function (a variant "

@@ -24,7 +24,7 @@ import torch
 
 import gmpo_core
 from gmpo_core import clip_metrics
-from gmpo_tasks.catalog import TASKS
+from gmpo_tasks.catalog import TINY_TASKS
 from gmpo_tasks.chars import decode, encode
 from gmpo_tasks.task import CELL, Task
 from gmpo_tasks.warm_start import WarmStart
@@ -50,9 +50,9 @@ _COUNTS = ("length", "prompts", "minibatches", "epochs", "steps", "d", "heads", 
 class Setup:
     """Everything a run depends on besides variant, learning rate, gradient clip and seed. The
     task's own settings (``length``, ``noise``, the warm start's) default to its entry in
-    ``gmpo_tasks.catalog.TASKS`` (:meth:`of`); the RL setting to ``gmpo_tasks.task.CELL``."""
+    ``gmpo_tasks.catalog.TINY_TASKS`` (:meth:`of`); the RL setting to ``gmpo_tasks.task.CELL``."""
 
-    task_name: str = "reverse"  # a key of TASKS
+    task_name: str = "reverse"  # a key of TINY_TASKS
     length: int = 16  # the task's size: digits to reverse, digits per number, terms...
     noise: float = 0.1  # demonstrations: probability of replacing an answer character
     warm_steps: int = 400  # supervised steps of the warm start
@@ -71,8 +71,8 @@ class Setup:
 
     def __post_init__(self) -> None:
         """Every value a run can use, checked before any work (a ValueError of one line)."""
-        if self.task_name not in TASKS:
-            raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.task_name!r}")
+        if self.task_name not in TINY_TASKS:
+            raise ValueError(f"task must be one of {', '.join(TINY_TASKS)}, got {self.task_name!r}")
         for key in _COUNTS:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -96,9 +96,9 @@ class Setup:
     @classmethod
     def of(cls, task_name: str, **overrides: Any) -> Setup:
         """The setup of ``task_name`` with its own settings, then ``overrides``."""
-        if task_name not in TASKS:
-            raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task_name!r}")
-        task = TASKS[task_name]
+        if task_name not in TINY_TASKS:
+            raise ValueError(f"task must be one of {', '.join(TINY_TASKS)}, got {task_name!r}")
+        task = TINY_TASKS[task_name]
         own = {"length": task.length, "noise": task.noise, "warm_steps": task.warm.steps,
                "warm_batch": task.warm.batch, "warm_lr": task.warm.lr}  # fmt: skip
         return cls(task_name=task_name, **{**own, **overrides})
@@ -106,13 +106,13 @@ class Setup:
     @property
     def task(self) -> Task:
         return dataclasses.replace(
-            TASKS[self.task_name], length=self.length, noise=self.noise, warm=self.warm
+            TINY_TASKS[self.task_name], length=self.length, noise=self.noise, warm=self.warm
         )
 
     @property
     def vocab(self) -> str:
         """The model's symbols: the task's (the end-of-sequence token is one more id)."""
-        return TASKS[self.task_name].symbols
+        return TINY_TASKS[self.task_name].symbols
 
     def model(self) -> TinyLM:
         task = self.task

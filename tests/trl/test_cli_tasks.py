@@ -13,7 +13,7 @@ pytest.importorskip("trl")
 import dataclasses
 
 from gmpo_tasks import warm_start
-from gmpo_tasks.catalog import TASKS
+from gmpo_tasks.catalog import TASKS, TINY_TASKS
 from gmpo_tasks.reverse import ReverseTask
 from gmpo_tasks.warm_start import WarmStart
 from gmpo_trl.cli import main, runs
@@ -199,7 +199,7 @@ class _Built:
         self.callback_handler = type("Handler", (), {"callbacks": []})()
 
 
-@pytest.mark.parametrize("name", list(TASKS))
+@pytest.mark.parametrize("name", list(TINY_TASKS))
 @pytest.mark.parametrize("use_vllm", [False, True])
 def test_use_vllm_builds_the_task_model_with_heads_vllm_takes(
     tmp_path, short_warm_start, name, use_vllm
