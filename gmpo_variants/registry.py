@@ -54,8 +54,15 @@ class Variant:
         self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, Tensor]:
         """``(loss, clipped fraction)``: a variant that returns the loss alone has a NaN clipped
-        fraction (unknown). Anything else is a TypeError that names the expected signature."""
-        return outputs(self.name, self.loss(logp, old_logp, advantages, mask))
+        fraction (unknown). Anything else is a TypeError that names the expected signature.
+
+        An empty batch (B = 0) has the loss 0, with an empty gradient, whatever the variant's
+        mean over no rows gives (a ``Tensor.mean`` gives NaN): docs/semantics.md S4, for every
+        variant, registered or ``module:function``."""
+        loss, clipped = outputs(self.name, self.loss(logp, old_logp, advantages, mask))
+        if advantages.shape[0] == 0:  # B = 0: a Python int, no read from the device
+            loss = torch.where(torch.zeros_like(loss, dtype=torch.bool), loss, 0)
+        return loss, clipped
 
 
 def outputs(name: str, result: Any) -> tuple[Tensor, Tensor]:

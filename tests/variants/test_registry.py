@@ -169,6 +169,40 @@ def test_a_variant_that_returns_the_loss_alone_has_an_unknown_clipped_fraction()
     assert loss.dim() == 0 and math.isnan(float(clipped)) and not clipped.requires_grad
 
 
+def _empty_batch_case(name: str) -> object:
+    """A registered variant as a test parameter, marked with the extra it needs."""
+    requires = VARIANTS[name].requires
+    return pytest.param(name, marks=[getattr(pytest.mark, requires)] if requires else [])
+
+
+def _mean_of_rows(logp, old_logp, advantages, mask):  # type: ignore[no-untyped-def]
+    """A user's variant: the mean over rows of -A·(token mean of r), NaN over no rows."""
+    r = torch.where(mask != 0, logp - old_logp, 0)
+    return (-advantages * r.sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+
+
+@pytest.mark.parametrize("name", [*map(_empty_batch_case, VARIANTS), "user's .mean()"])
+def test_an_empty_batch_gives_a_zero_loss(name: str) -> None:
+    """B = 0: every variant's loss is 0, finite, with an empty gradient (docs/semantics.md S4),
+    as gmpo_core's. Regression: gspo, sapo, grpo, grpo_wide, gmpo_noclip, gmpo_seqclip, hmpo and
+    the pmpo_* returned NaN (a mean over no rows) where dapo, cispo and gmpo gave 0."""
+    if name == "user's .mean()":
+        variant = Variant(name, name, _mean_of_rows)
+    else:
+        variant = VARIANTS[name]
+        if variant.requires is not None:
+            pytest.importorskip(variant.requires)
+    for dtype in (torch.float32, torch.float64):
+        logp = torch.zeros(0, 5, dtype=dtype, requires_grad=True)
+        empty = torch.zeros(0, 5, dtype=dtype)
+        loss, clipped = variant(logp, empty, torch.zeros(0, dtype=dtype), torch.ones(0, 5))
+        assert loss.dim() == 0 and loss.dtype == dtype and loss.requires_grad
+        assert float(loss.detach()) == 0.0
+        assert clipped.dim() == 0 and not clipped.requires_grad
+        loss.backward()
+        assert logp.grad is not None and logp.grad.shape == (0, 5)
+
+
 @pytest.mark.parametrize(
     ("result", "got"),
     [
