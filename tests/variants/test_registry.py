@@ -76,6 +76,31 @@ def test_registering_another_function_under_a_taken_name_raises() -> None:
     assert VARIANTS["gmpo"] == gmpo
 
 
+def test_a_parameterised_variant_is_one_registration_per_setting(monkeypatch) -> None:
+    """The power means are one function registered at each p (``register_power``): the loss,
+    its bounds and its reference carry the same p and epsilon. Registering it again at the same
+    settings (its module imported again) replaces it; another p under a taken name raises and
+    names the registered one's settings."""
+    from gmpo_variants import power
+
+    monkeypatch.setattr(registry_module, "_REGISTRY", dict(registry_module._REGISTRY))
+    for name, p in (("hmpo", -1.0), ("pmpo_0.5", 0.5), ("pmpo_1", 1.0)):
+        variant = VARIANTS[name]
+        assert variant.loss.keywords == {"p": p, "epsilon": 0.4}  # type: ignore[attr-defined]
+        assert variant.reference.keywords == {"p": p, "epsilon": 0.4}  # type: ignore[union-attr]
+        assert variant.bounds == (0.4, 0.4)
+    half = VARIANTS["pmpo_0.5"]
+    again = power.register_power("pmpo_0.5", half.label, p=0.5)
+    assert again is not half.loss and VARIANTS["pmpo_0.5"].loss is again
+    with pytest.raises(ValueError) as err:
+        power.register_power("pmpo_0.5", half.label, p=0.25)
+    assert str(err.value) == (
+        "variant 'pmpo_0.5' is already registered to "
+        "gmpo_variants.power.power_mean_variant(epsilon=0.4, p=0.5)"
+    )
+    assert resolve("gmpo_variants.power:hmpo") is VARIANTS["hmpo"]
+
+
 def test_a_new_module_in_the_package_registers_on_import(tmp_path, monkeypatch) -> None:
     """A new variant is one file: every module of the package is imported by the registry."""
     package = tmp_path / "more_variants"
