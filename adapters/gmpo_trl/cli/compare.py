@@ -19,7 +19,7 @@ from typing import Any
 from gmpo_stats.outcome import DROP, WINDOW
 from gmpo_trl.cli.arguments import CompareArguments
 from gmpo_trl.cli.base import Command
-from gmpo_trl.cli.checks import check_against, check_grpo_epsilon
+from gmpo_trl.cli.checks import check_against, check_grpo_epsilon, check_seeds
 from gmpo_trl.cli.comparators import COMPARATORS, DEFAULT_AGAINST
 from gmpo_trl.cli.errors import CLIError
 from gmpo_trl.cli.plots import log_clip_range, plot_compare
@@ -32,6 +32,10 @@ def compare_plan(parsed: Parsed) -> Plan:
     script = parsed.script
     if script.seeds < 1:
         raise CLIError(f"--seeds must be at least 1, got {script.seeds}")
+    from gmpo_trl import GMPOConfig
+
+    first = {"seed": GMPOConfig.seed, **parsed.defaults, **parsed.values}["seed"]
+    check_seeds(first, script.seeds)  # every seed, before any run
     if parsed.values.get("resume_from_checkpoint") not in (None, False, "false", "False"):
         raise CLIError(
             "--resume_from_checkpoint: gmpo compare does not resume (it trains a run per method "
