@@ -75,14 +75,14 @@ def test_one_final_reward_everywhere_and_a_header_that_names_what_ran(
     the header named the task successor."""
     from gmpo_trl.cli.reports import REWARDS
 
-    (tmp_path / "my_rewards.py").write_text(_RISING)
+    (tmp_path / "rising_rewards.py").write_text(_RISING)
     monkeypatch.chdir(tmp_path)
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{d}="}) + "\n" for d in range(8)))
-    out = tmp_path / "out"
-    argv = ["compare", "--against", "dapo", "--dataset", str(data), "--reward", "my_rewards:rising",
-            "--max_steps", "15", "--num_iterations", "1", "--steps_per_generation", "1",
-            "--output_dir", str(out)]  # a reward every step  # fmt: skip
+    out = tmp_path / "out"  # a reward every step: one generation a step
+    argv = ["compare", "--against", "dapo", "--dataset", str(data), "--reward",
+            "rising_rewards:rising", "--max_steps", "15", "--num_iterations", "1",
+            "--steps_per_generation", "1", "--output_dir", str(out)]  # fmt: skip
     assert main(argv) == 0
     printed = capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
@@ -102,7 +102,7 @@ def test_one_final_reward_everywhere_and_a_header_that_names_what_ran(
         )
     markdown = (out / "summary.md").read_text()
     assert markdown.startswith(
-        f"dataset {data} (split train), reward my_rewards:rising, the successor task's model; "
+        f"dataset {data} (split train), reward rising_rewards:rising, the successor task's model; "
     )
     assert markdown.count(REWARDS) == 1 and "last 10" not in markdown
     assert summary["rewards"] == REWARDS
