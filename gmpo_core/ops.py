@@ -136,7 +136,8 @@ def masked_power_mean(
     ``p`` is a real number (int, float, a NumPy scalar) with ``|p| <= 1e18``; a tensor ``p``
     is refused: it is a constant of the formula, whose branches (p = 0, its sign, tiny |p|)
     are chosen in Python, and checking a tensor's value would read it to the host. Under
-    ``torch.compile`` a new p may recompile.
+    ``torch.compile`` a new p may recompile, and a NumPy scalar is a 0-d array whose value is
+    unknown while tracing: pass ``float(p)`` there (S17).
 
     float32, bf16 and fp16 are computed in float32, float64 in float64 (S8); the result is in
     that dtype, and the gradient reaches ``log_values`` in its own dtype.

@@ -48,7 +48,7 @@ def check_hyperparameters(
         if cap is None or not 1 < cap < math.inf:
             raise ValueError(
                 f"{names[2]} must be a finite number > 1 (a cap on the ratio for negative "
-                f"advantages), got {dual_clip!r}"
+                f"advantages), got {shown(names[2], dual_clip)}"
             )
         log_dual = math.log(cap)
     return eps_low, eps_high, log_dual
@@ -58,7 +58,7 @@ def check_beta(beta: object, has_ref_logp: bool) -> float:
     """``beta`` is a finite number >= 0, and not 0 only with the reference log-probs."""
     value = as_float(beta)
     if value is None or not 0 <= value < math.inf:
-        raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
+        raise ValueError(f"beta must be a finite number >= 0, got {shown('beta', beta)}")
     if value != 0 and not has_ref_logp:
         raise ValueError(f"beta={beta} needs ref_logp (the reference policy's log-probs), got None")
     return value
@@ -77,9 +77,23 @@ def check_power(p: object, name: str = "p") -> float:
     if value is None or not -MAX_POWER <= value <= MAX_POWER:
         raise ValueError(
             f"{name} must be a finite number with |{name}| <= {MAX_POWER:g} (the exponent of the "
-            f"power mean), got {p!r}"
+            f"power mean), got {shown(name, p)}"
         )
     return value
+
+
+def shown(name: str, x: object) -> str:
+    """``x`` as a refusal names it: its repr, but a NumPy array by its dimensions. Inside
+    ``torch.compile`` Dynamo traces every NumPy scalar as a 0-d array, whose value (and so its
+    repr) is unknown while tracing and no branch can read (docs/semantics.md S17): the message
+    says what to pass instead."""
+    ndim = getattr(x, "ndim", None)
+    if type(x).__name__ == "ndarray" and isinstance(ndim, int):
+        return (
+            f"a {ndim}-d NumPy array (inside torch.compile a NumPy scalar is one, whose value is "
+            f"unknown while tracing: pass float({name}))"
+        )
+    return repr(x)
 
 
 def is_real(x: object) -> bool:
@@ -105,5 +119,7 @@ def positive_finite(name: str, x: object) -> float:
     # comparisons rather than math.isfinite: NaN fails them too, and they trace under dynamo
     value = as_float(x)
     if value is None or not 0 < value < math.inf:
-        raise ValueError(f"{name} must be a finite number > 0 (a log-space bound), got {x!r}")
+        raise ValueError(
+            f"{name} must be a finite number > 0 (a log-space bound), got {shown(name, x)}"
+        )
     return value

@@ -27,30 +27,64 @@ import torch
 from torch import Tensor
 
 from gmpo_variants.grpo import ratio_bounds
-from gmpo_variants.registry import register
+from gmpo_variants.registry import LossFn, register
 
 
 @dataclass(frozen=True)
 class HostLoss:
     """A verl policy loss and the ``ActorConfig`` fields it runs with (the rest: verl's
     defaults). ``clip``: ``(clip_ratio_low, clip_ratio_high)``; ``taus``: SAPO's
-    ``(tau_pos, tau_neg)``."""
+    ``(tau_pos, tau_neg)``. ``label``: the variant's. ``token_clip``: whether ``clip`` is a
+    token-level clip that removes gradients (the variant's bounds are then ``clip`` in log
+    space)."""
 
     loss_mode: str
     loss_agg_mode: str
     clip: tuple[float, float]
+    label: str
     taus: tuple[float, float] = (1.0, 1.05)
+    token_clip: bool = False
+
+    @property
+    def bounds(self) -> tuple[float, float] | None:
+        """The log-space bounds of the token-level clip, None without one."""
+        return ratio_bounds(*self.clip) if self.token_clip else None
 
 
 #: the settings; ``cispo`` and ``sapo`` are verl's defaults (``ActorConfig``, verl 0.8 to 0.9.1),
-#: which tests/variants/test_hosts.py checks against the installed verl
+#: which tests/variants/test_hosts.py checks against the installed verl. The comments say what
+#: each variant's clipped fraction counts (verl's ``pg_clipfrac + pg_clipfrac_lower``).
 HOSTS = {
-    "dapo": HostLoss("vanilla", "token-mean", (0.2, 0.28)),  # DAPO's clip-higher
-    "gspo": HostLoss("gspo", "seq-mean-token-mean", (3e-4, 4e-4)),  # GSPO paper v2, §5.1
-    "cispo": HostLoss("cispo", "token-mean", (0.2, 0.2)),
-    # verl's sapo aggregates seq-mean-token-mean whatever loss_agg_mode says
-    "sapo": HostLoss("sapo", "token-mean", (0.2, 0.2), taus=(1.0, 1.05)),
-}
+    # PPO's clip with verl's dual clip at clip_ratio_c = 3 for A < 0, DAPO's clip-higher.
+    # Clipped: the valid tokens whose gradient a clip removed (A > 0 and ρ > 1.28, A < 0 and
+    # ρ < 0.8, A < 0 and ρ > 3)
+    "dapo": HostLoss(
+        "vanilla", "token-mean", (0.2, 0.28),
+        label="DAPO: verl vanilla, token-mean, ratio clip [0.8, 1.28]",
+        token_clip=True,
+    ),
+    # the sequence's geometric-mean ratio clipped, a token mean per sequence, then the mean over
+    # the B sequences (GSPO paper v2, §5.1). Clipped: the valid tokens of sequences whose ratio
+    # the clip removed from the gradient (no token-level clip: no bounds)
+    "gspo": HostLoss(
+        "gspo", "seq-mean-token-mean", (3e-4, 4e-4),
+        label="GSPO: verl gspo, seq-mean-token-mean, sequence clip [1 - 3e-4, 1 + 4e-4]",
+    ),
+    # -sg(clip(ρ, 0.8, 1.2))·A·log π per token, token-mean. Clipped: the valid tokens whose
+    # importance weight the clip changed; their gradient is kept, scaled by the clipped weight
+    # (so no bounds: nothing is removed)
+    "cispo": HostLoss(
+        "cispo", "token-mean", (0.2, 0.2),
+        label="CISPO: verl cispo, token-mean, IS weight clip [0.8, 1.2]",
+    ),
+    # the soft gate (4/τ)·σ(τ(ρ - 1)), τ 1.0 where A > 0 and 1.05 elsewhere; verl's sapo
+    # aggregates seq-mean-token-mean whatever loss_agg_mode says. No clip: the clipped fraction
+    # is verl's 0
+    "sapo": HostLoss(
+        "sapo", "token-mean", (0.2, 0.2), taus=(1.0, 1.05),
+        label="SAPO: verl sapo, soft gate, τ+ 1.0, τ- 1.05",
+    ),
+}  # fmt: skip
 
 
 @functools.cache
@@ -105,51 +139,15 @@ def call_host(
     return loss, torch.tensor(clipped, dtype=torch.float32, device=loss.device)
 
 
-@register(
-    "dapo",
-    label="DAPO: verl vanilla, token-mean, ratio clip [0.8, 1.28]",
-    bounds=ratio_bounds(0.2, 0.28),
-    requires="verl",
-)
-def dapo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """verl's ``vanilla`` (PPO's clip with verl's dual clip at ``clip_ratio_c`` = 3 for A < 0),
-    token-mean over the batch, clip (0.2, 0.28). Clipped fraction: the valid tokens whose
-    gradient a clip removed (A > 0 and ρ > 1.28, A < 0 and ρ < 0.8, A < 0 and ρ > 3)."""
-    return call_host("dapo", logp, old_logp, advantages, mask)
+def register_host(name: str) -> LossFn:
+    """Register verl's loss ``name`` of :data:`HOSTS` as the variant ``name``, in one
+    registration: :func:`call_host` at that name, its label and bounds from its settings.
+    Returns the loss."""
+    host = HOSTS[name]
+    loss = functools.partial(call_host, name)
+    return register(name, label=host.label, bounds=host.bounds, requires="verl")(loss)
 
 
-@register(
-    "gspo",
-    label="GSPO: verl gspo, seq-mean-token-mean, sequence clip [1 - 3e-4, 1 + 4e-4]",
-    requires="verl",
-)
-def gspo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """verl's ``gspo``: the sequence's geometric-mean ratio clipped at (3e-4, 4e-4), a token mean
-    per sequence, then the mean over the B sequences. Clipped fraction: the valid tokens of
-    sequences whose ratio the clip removed from the gradient (no token-level clip: no bounds)."""
-    return call_host("gspo", logp, old_logp, advantages, mask)
+dapo, gspo, cispo, sapo = map(register_host, HOSTS)
 
-
-@register(
-    "cispo",
-    label="CISPO: verl cispo, token-mean, IS weight clip [0.8, 1.2]",
-    requires="verl",
-)
-def cispo(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-) -> tuple[Tensor, Tensor]:
-    """verl's ``cispo`` at verl's defaults: -sg(clip(ρ, 0.8, 1.2))·A·log π per token, token-mean.
-    Clipped fraction: the valid tokens whose importance weight the clip changed; their gradient
-    is kept, scaled by the clipped weight (so no bounds: nothing is removed)."""
-    return call_host("cispo", logp, old_logp, advantages, mask)
-
-
-@register(
-    "sapo",
-    label="SAPO: verl sapo, soft gate, τ+ 1.0, τ- 1.05",
-    requires="verl",
-)
-def sapo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """verl's ``sapo`` at verl's defaults: the soft gate (4/τ)·σ(τ(ρ - 1)), τ 1.0 where A > 0 and
-    1.05 elsewhere, seq-mean-token-mean. No clip: the clipped fraction is verl's 0."""
-    return call_host("sapo", logp, old_logp, advantages, mask)
+__all__ = ["HOSTS", "HostLoss", "call_host", "cispo", "dapo", "gspo", "host_loss", "sapo"]

@@ -16,13 +16,14 @@ from torch import Tensor
 
 from gmpo_core import masked_power_mean, reference, trust_region_log_ratio
 from gmpo_core.options import EPSILON
+from gmpo_variants.grpo import clipped_fraction
 from gmpo_variants.recipes import (
     masked_log_ratio,
     policy_loss,
     reference_inputs,
     reference_policy_loss,
 )
-from gmpo_variants.registry import register
+from gmpo_variants.registry import LossFn, register
 
 
 def power_mean_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
@@ -47,51 +48,51 @@ def power_mean_reference(logp: ArrayLike, old_logp: ArrayLike, advantages: Array
     return reference_policy_loss(adv, reference.masked_power_mean(c, valid, p).value, n)
 
 
-def _clipped(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
-    """Fraction of valid tokens the trust region clipped (GMPO's token clip ± 0.4)."""
-    from gmpo_variants.grpo import clipped_fraction
+def power_mean_variant(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    p: float,
+    epsilon: float = EPSILON,
+) -> tuple[Tensor, Tensor]:
+    """:func:`power_mean_loss` at ``p`` and the log-space clip ±``epsilon``, and the fraction of
+    valid tokens whose gradient that clip removed."""
+    loss = power_mean_loss(logp, old_logp, advantages, mask, epsilon=epsilon, p=p)
+    bounds = (epsilon, epsilon)
+    return loss, clipped_fraction((logp - old_logp).detach(), advantages, mask, bounds)
 
-    return clipped_fraction((logp - old_logp).detach(), advantages, mask, (0.4, 0.4))
+
+def register_power(name: str, label: str, *, p: float, epsilon: float = EPSILON) -> LossFn:
+    """Register the family's member at ``p`` and ``epsilon`` as ``name``, in one registration:
+    its loss (:func:`power_mean_variant`), clip bounds ``(epsilon, epsilon)`` and float64
+    reference (:func:`power_mean_reference`) all from those two parameters. Returns the loss."""
+    loss = functools.partial(power_mean_variant, p=p, epsilon=epsilon)
+    reference = functools.partial(power_mean_reference, epsilon=epsilon, p=p)
+    return register(name, label=label, bounds=(epsilon, epsilon), reference=reference)(loss)
 
 
-@register(
+#: HMPO (an ablation of the GMPO paper's own repository): the harmonic mean
+hmpo = register_power(
+    "hmpo", "HMPO: harmonic mean (p = -1) of the clipped ratios, log-ratio clip ± 0.4", p=-1.0
+)
+#: between GMPO (p = 0) and GRPO (p = 1)
+pmpo_half = register_power(
+    "pmpo_0.5", "power mean p = 0.5 of the clipped ratios, log-ratio clip ± 0.4", p=0.5
+)
+#: the arithmetic mean, ``grpo_wide``'s loss
+pmpo_one = register_power(
+    "pmpo_1", "power mean p = 1 of the clipped ratios (GRPO, ratio clip (e^-0.4, e^0.4))", p=1.0
+)
+
+
+__all__ = [
     "hmpo",
-    label="HMPO: harmonic mean (p = -1) of the clipped ratios, log-ratio clip ± 0.4",
-    bounds=(0.4, 0.4),
-    reference=functools.partial(power_mean_reference, epsilon=EPSILON, p=-1.0),
-)
-def hmpo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """:func:`power_mean_loss` at p = -1 and ε 0.4."""
-    loss = power_mean_loss(logp, old_logp, advantages, mask, epsilon=EPSILON, p=-1.0)
-    return loss, _clipped(logp, old_logp, advantages, mask)
-
-
-@register(
-    "pmpo_0.5",
-    label="power mean p = 0.5 of the clipped ratios, log-ratio clip ± 0.4",
-    bounds=(0.4, 0.4),
-    reference=functools.partial(power_mean_reference, epsilon=EPSILON, p=0.5),
-)
-def pmpo_half(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-) -> tuple[Tensor, Tensor]:
-    """:func:`power_mean_loss` at p = 0.5 and ε 0.4: between GMPO (p = 0) and GRPO (p = 1)."""
-    loss = power_mean_loss(logp, old_logp, advantages, mask, epsilon=EPSILON, p=0.5)
-    return loss, _clipped(logp, old_logp, advantages, mask)
-
-
-@register(
-    "pmpo_1",
-    label="power mean p = 1 of the clipped ratios (GRPO, ratio clip (e^-0.4, e^0.4))",
-    bounds=(0.4, 0.4),
-    reference=functools.partial(power_mean_reference, epsilon=EPSILON, p=1.0),
-)
-def pmpo_one(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-) -> tuple[Tensor, Tensor]:
-    """:func:`power_mean_loss` at p = 1 and ε 0.4: the arithmetic mean, ``grpo_wide``'s loss."""
-    loss = power_mean_loss(logp, old_logp, advantages, mask, epsilon=EPSILON, p=1.0)
-    return loss, _clipped(logp, old_logp, advantages, mask)
-
-
-__all__ = ["hmpo", "pmpo_half", "pmpo_one", "power_mean_loss", "power_mean_reference"]
+    "pmpo_half",
+    "pmpo_one",
+    "power_mean_loss",
+    "power_mean_reference",
+    "power_mean_variant",
+    "register_power",
+]

@@ -13,6 +13,7 @@ registering a *different* function under a taken name raises.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import math
@@ -54,8 +55,15 @@ class Variant:
         self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, Tensor]:
         """``(loss, clipped fraction)``: a variant that returns the loss alone has a NaN clipped
-        fraction (unknown). Anything else is a TypeError that names the expected signature."""
-        return outputs(self.name, self.loss(logp, old_logp, advantages, mask))
+        fraction (unknown). Anything else is a TypeError that names the expected signature.
+
+        An empty batch (B = 0) has the loss 0, with an empty gradient, whatever the variant's
+        mean over no rows gives (a ``Tensor.mean`` gives NaN): docs/semantics.md S4, for every
+        variant, registered or ``module:function``."""
+        loss, clipped = outputs(self.name, self.loss(logp, old_logp, advantages, mask))
+        if advantages.shape[0] == 0:  # B = 0: a Python int, no read from the device
+            loss = torch.where(torch.zeros_like(loss, dtype=torch.bool), loss, 0)
+        return loss, clipped
 
 
 def outputs(name: str, result: Any) -> tuple[Tensor, Tensor]:
@@ -99,8 +107,7 @@ def register(
         taken = _REGISTRY.get(name)
         if taken is not None and taken != variant and not _reloaded(taken, variant):
             raise ValueError(
-                f"variant {name!r} is already registered to {taken.loss.__module__}."
-                f"{getattr(taken.loss, '__qualname__', taken.loss)}"
+                f"variant {name!r} is already registered to {_name(taken.loss)}"
                 + (" with other settings" if taken.loss is fn else "")
             )
         _REGISTRY[name] = variant
@@ -113,11 +120,29 @@ def register(
 FIRST = ("grpo", "gmpo", "ablations")
 
 
+def _identity(fn: object) -> tuple[Any, ...]:
+    """What names a loss from one import of its module to the next: its module and qualified
+    name; for a ``functools.partial`` (a parameterised variant, one function registered at each
+    of its settings), its function's, then its arguments."""
+    if isinstance(fn, functools.partial):
+        return (*_identity(fn.func)[:2], fn.args, tuple(sorted(fn.keywords.items())))
+    return getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+
+
+def _name(fn: object) -> str:
+    """A loss for a message: ``module.function``, with a partial's arguments."""
+    module, qualname, *params = _identity(fn)
+    if not params:
+        return f"{module}.{qualname or fn}"
+    args, keywords = params
+    shown = [*map(repr, args), *(f"{key}={value!r}" for key, value in keywords)]
+    return f"{module}.{qualname}({', '.join(shown)})"
+
+
 def _reloaded(taken: Variant, new: Variant) -> bool:
     """Whether ``new`` is ``taken``'s function from its module imported again (a reload)."""
     a, b = taken.loss, new.loss
-    same = getattr(a, "__qualname__", None) == getattr(b, "__qualname__", "")
-    return a is not b and same and getattr(a, "__module__", None) == getattr(b, "__module__", "")
+    return a is not b and None not in _identity(a)[:2] and _identity(a) == _identity(b)
 
 
 def _load() -> None:
@@ -136,7 +161,7 @@ def _load() -> None:
 
 def _rank(variant: Variant) -> int:
     """The listing position of a variant's module: :data:`FIRST`'s, then the others'."""
-    module = getattr(variant.loss, "__module__", "").rpartition(".")[2]
+    module = (_identity(variant.loss)[0] or "").rpartition(".")[2]
     return FIRST.index(module) if module in FIRST else len(FIRST)
 
 

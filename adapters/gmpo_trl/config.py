@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import operator
+import types
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,8 +60,8 @@ class GMPOConfig(GRPOConfig):
     - ``gmpo_lm_head_backward`` (default ``"half"``): that head's ``backward_precision``, for
       bf16/fp16 (or autocast) on CUDA: ``"half"`` or ``"float32"`` backward GEMMs.
     - ``loss_variant`` (default None): a loss variant (a name of ``gmpo_variants.VARIANTS`` or
-      ``module:function``) in place of ``gmpo_core.gmpo_loss``; :func:`check_variant` refuses
-      what it would drop. It is resolved once (:func:`loss_variant`).
+      ``module:function``) in place of ``gmpo_core.gmpo_loss``; :func:`check_config` refuses
+      what it would drop, and resolves it once (:func:`loss_variant`).
     """
 
     epsilon: float = _option("epsilon")
@@ -75,54 +78,67 @@ class GMPOConfig(GRPOConfig):
         super().__post_init__()
         check_config(self)
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        # a field set after the check: GMPOTrainer checks the config again (CHECKED)
-        self.__dict__.pop(CHECKED, None)
-        super().__setattr__(name, value)
 
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickled (``training_args.bin``) without the resolved variant (its name is a field) or
-        the record of the check (an unpickled config is checked again)."""
-        state = dict(self.__dict__)
-        state.pop(_RESOLVED, None)
-        state.pop(CHECKED, None)
-        return state
-
-
-_RESOLVED = "_resolved_variant"
-#: the record :func:`check_config` leaves on the config it passed, ``(its loss variant,)``
-#: (:func:`loss_variant`); setting any attribute of a ``GMPOConfig`` afterwards removes it, so
-#: ``GMPOTrainer`` checks a config changed since its construction again, and an unchanged one
-#: not a second time
-CHECKED = "_checked"
+#: the fields :func:`check_config` reads: a config is checked again once one of them changes
+CHECKED_FIELDS = (
+    "loss_type", "importance_sampling_level", "use_bias_correction_kl", *OTHER_LOSS_FIELDS,
+    "epsilon", "epsilon_high", "delta", "beta", "gmpo_impl", "gmpo_lm_head_backward",
+    "loss_variant", "use_vllm", "vllm_importance_sampling_correction",
+)  # fmt: skip
+_read = operator.attrgetter(*CHECKED_FIELDS)
+#: the options a loss variant replaces (refused beside it), with what to do instead
+_CLIP = "the variant's clip is its own; remove it"
+REPLACED = {
+    "epsilon": (GMPO_FIELDS["epsilon"].default, _CLIP),
+    "epsilon_high": (None, _CLIP),
+    "delta": (None, _CLIP),
+    "gmpo_impl": (IMPLS[0], "the variant is its own code; remove it"),
+}
 
 
-def loss_variant(args: GRPOConfig) -> Variant | None:
-    """``args.loss_variant`` resolved (``gmpo_variants.resolve``), once per name: the config
-    keeps it, so the trainer, ``gmpo compare`` and its plots read the same object.
+@dataclass(frozen=True)
+class Checked:
+    """What :func:`check_config` found for a config: the values it checked (of
+    :data:`CHECKED_FIELDS`) and the loss variant they resolve to (None: GMPO's loss). The run
+    plan of ``gmpo``'s command line holds it and hands it to ``GMPOTrainer``."""
+
+    values: tuple[Any, ...]
+    variant: Variant | None
+
+
+def loss_variant(args: GMPOConfig) -> Variant | None:
+    """``args.loss_variant`` resolved (``gmpo_variants.resolve``) by :func:`check_config`: the
+    same object for the same values, which the trainer, ``gmpo compare`` and its plots read.
 
     Raises:
         ValueError: one line, naming ``loss_variant``.
     """
-    name = getattr(args, "loss_variant", None)
-    if name is None:
-        return None
-    cached = args.__dict__.get(_RESOLVED)
-    if cached is None or cached[0] != name:
-        try:
-            cached = (name, resolve(name))
-        except ValueError as err:
-            raise ValueError(f"loss_variant: {err}") from None
-        args.__dict__[_RESOLVED] = cached
-    return cached[1]  # type: ignore[no-any-return]
+    return check_config(args).variant
 
 
-def check_config(args: GRPOConfig) -> None:
-    """Refuse every value that would change nothing, or is meaningless, under GMPO.
+def check_config(args: GMPOConfig) -> Checked:
+    """Refuse every value that would change nothing, or is meaningless, under GMPO; return what
+    was checked and the loss variant it resolved. The values are checked once per process: a
+    config whose values passed before (the same config at its construction, then in the run's
+    plan or the trainer; a copy, an unpickled one) gets the same :class:`Checked`, a config whose
+    values changed since is checked again. Nothing is kept on the config.
 
     Raises:
         ValueError: naming the field, the value, and what to do instead.
     """
+    values = _read(args)
+    key = tuple((type(v), v) for v in values)  # True and 1 are equal, not the same value
+    try:
+        hash(key)
+    except TypeError:  # a value no check accepts (a list...): checked, not remembered
+        return _check_values(key)
+    return _checked(key)
+
+
+def _check_values(key: tuple[tuple[type, Any], ...]) -> Checked:
+    """The checks of :func:`check_config` on its ``(type, value)`` of each checked field."""
+    values = tuple(v for _, v in key)
+    args: Any = types.SimpleNamespace(**dict(zip(CHECKED_FIELDS, values, strict=True)))
     if args.loss_type != "gmpo":
         raise ValueError(
             f"loss_type={args.loss_type!r} has no meaning for GMPO: its loss is the geometric mean "
@@ -152,50 +168,40 @@ def check_config(args: GRPOConfig) -> None:
     # beta's own rule (finite, >= 0); its reference log-probs come from the reference model that
     # GRPOTrainer builds whenever beta != 0
     check_beta(args.beta, has_ref_logp=True)
-    HOST.check_impl(getattr(args, "gmpo_impl", None))
-    backward = getattr(args, "gmpo_lm_head_backward", "half")
+    HOST.check_impl(args.gmpo_impl)
+    backward = args.gmpo_lm_head_backward
     if backward not in BACKWARD_PRECISIONS:
         raise ValueError(
             f"gmpo_lm_head_backward={backward!r}: choose one of {BACKWARD_PRECISIONS} "
             "(the LM head's backward GEMMs in half precision or in float32)"
         )
-    check_variant(args)
-    args.__dict__[CHECKED] = (loss_variant(args),)
+    return Checked(values, _variant_of(args))
 
 
-def check_variant(args: GRPOConfig, explicit: Collection[str] = ()) -> None:
-    """``loss_variant``: a loss that resolves, and none of the settings it would silently drop.
+#: the last configs' checks (:func:`check_config`), by their values
+_checked = functools.lru_cache(maxsize=64)(_check_values)
 
-    ``explicit``: the names of the options the user set (the command line's, which knows them
-    from parsing). An option the variant replaces (its clip range, ``gmpo_impl``) is refused
-    when it is set at all, whatever its value; without ``explicit`` (a config built in Python), when
-    its value is not the default.
+
+def _variant_of(args: Any) -> Variant | None:
+    """``loss_variant`` resolved, once none of the settings it would silently drop is set.
 
     A variant maps ``(logp, old_logp, advantages, mask)`` to the loss, or to ``(loss, clipped
-    fraction)`` (``gmpo_variants.registry.SIGNATURE``): its
-    clip range is its own (``epsilon``, ``epsilon_high``, ``delta``), and it has no KL term
-    (``beta``), no importance weights (vLLM's correction) and no ``gmpo_impl``. The masks
-    (entropy, off-policy, tool) reach it as its ``mask``; the host terms (entropy bonus, MoE aux
-    loss) are added to its loss as to GMPO's.
-
-    Raises:
-        ValueError: one line, naming the variant or the field that conflicts with it.
-    """
-    if loss_variant(args) is None:
-        return
+    fraction)`` (``gmpo_variants.registry.SIGNATURE``): its clip range is its own (``epsilon``,
+    ``epsilon_high``, ``delta``), and it has no KL term (``beta``), no importance weights
+    (vLLM's correction) and no ``gmpo_impl``: each is refused at another value than its default
+    (:func:`check_variant` refuses them at their default too, where the user set them). The
+    masks (entropy, off-policy, tool) reach it as its ``mask``; the host terms (entropy bonus,
+    MoE aux loss) are added to its loss as to GMPO's."""
     name = args.loss_variant
-    clip = "the variant's clip is its own; remove it"
-
-    def replaced(field_name: str, default: Any) -> bool:
-        """A field the variant replaces is set: the user set it, or it is not its default."""
-        return field_name in explicit or getattr(args, field_name) != default
-
+    if name is None:
+        return None
+    try:
+        variant = resolve(name)
+    except ValueError as err:
+        raise ValueError(f"loss_variant: {err}") from None
     conflicts = {  # field -> (whether it is set, why it does not apply and what to do)
-        "epsilon": (replaced("epsilon", GMPO_FIELDS["epsilon"].default), clip),
-        "epsilon_high": (replaced("epsilon_high", None), clip),
-        "delta": (replaced("delta", None), clip),
+        **{f: (getattr(args, f) != default, why) for f, (default, why) in REPLACED.items()},
         "beta": (args.beta != 0.0, "a variant has no KL term; set beta=0"),
-        "gmpo_impl": (replaced("gmpo_impl", IMPLS[0]), "the variant is its own code; remove it"),
         "vllm_importance_sampling_correction": (
             bool(args.use_vllm and args.vllm_importance_sampling_correction),
             "a variant takes no importance weights; set it to False with use_vllm",
@@ -203,7 +209,27 @@ def check_variant(args: GRPOConfig, explicit: Collection[str] = ()) -> None:
     }
     for field_name, (conflict, why) in conflicts.items():
         if conflict:
-            raise ValueError(
-                f"{field_name}={getattr(args, field_name)!r} does not apply to "
-                f"loss_variant={name!r}: {why}"
-            )
+            raise ValueError(_refusal(args, field_name, why))
+    return variant
+
+
+def _refusal(args: Any, field_name: str, why: str) -> str:
+    return (
+        f"{field_name}={getattr(args, field_name)!r} does not apply to "
+        f"loss_variant={args.loss_variant!r}: {why}"
+    )
+
+
+def check_variant(args: GMPOConfig, explicit: Collection[str]) -> None:
+    """What :func:`check_config` cannot see in the values: an option the loss variant replaces
+    (:data:`REPLACED`) that the user set (``explicit``, the names the command line's parse knows
+    were set), even to its default value. (At another value, :func:`check_config` refused it.)
+
+    Raises:
+        ValueError: one line, naming the field that conflicts with the variant.
+    """
+    if args.loss_variant is None:
+        return
+    for field_name, (_, why) in REPLACED.items():
+        if field_name in explicit:
+            raise ValueError(_refusal(args, field_name, why))

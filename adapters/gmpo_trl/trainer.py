@@ -23,7 +23,7 @@ from trl import GRPOConfig, GRPOTrainer
 from gmpo_kit import MetricStates, add_core_stats, core_metrics, gmpo_loss_with_kl, read
 from gmpo_trl import resume, variant, vllm_cpu
 from gmpo_trl.compat import check_compute_loss, check_liger, forward_keys
-from gmpo_trl.config import CHECKED, HOST, GMPOConfig, check_config
+from gmpo_trl.config import HOST, Checked, GMPOConfig, check_config
 from gmpo_trl.head_swap import lm_head_swapped
 from gmpo_variants import Variant
 
@@ -49,17 +49,27 @@ class GMPOTrainer(GRPOTrainer):
     ``log_ratio/min``, ``log_ratio/max``, ``clip_ratio/dual_mean`` (with ``delta``), ``kl``,
     ``entropy``, and ``policy_loss``, ``entropy_coef``, ``aux_loss`` where GRPOTrainer logs them.
 
-    With ``loss_variant`` (:func:`gmpo_trl.config.check_variant`), the variant's function takes
-    ``gmpo_loss``'s place in the loss step; the metrics are then ``variant/clip_ratio`` (its
-    clipped fraction, a token mean over processes), ``log_ratio/min``, ``log_ratio/max``,
-    ``entropy`` and the host terms' (no ``clip_ratio/*``: the core's clip did not run).
+    With ``loss_variant`` (resolved by :func:`gmpo_trl.config.check_config`), the variant's
+    function takes ``gmpo_loss``'s place in the loss step; the metrics are then
+    ``variant/clip_ratio`` (its clipped fraction, a token mean over processes),
+    ``log_ratio/min``, ``log_ratio/max``, ``entropy`` and the host terms' (no ``clip_ratio/*``:
+    the core's clip did not run).
     """
 
     _tag_names: ClassVar[list[str]] = ["trl", "gmpo"]
 
     def __init__(
-        self, model: Any, reward_funcs: Any, args: GRPOConfig | None = None, **kwargs: Any
+        self,
+        model: Any,
+        reward_funcs: Any,
+        args: GRPOConfig | None = None,
+        *,
+        checked: Checked | None = None,
+        **kwargs: Any,
     ) -> None:
+        """``checked``: ``check_config(args)``, where the caller has it (``gmpo``'s command line
+        hands over its run plan's); without it the trainer checks ``args`` itself, once per
+        set of values (a config unchanged since its construction is not checked again)."""
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path or "model"
             args = GMPOConfig(f"{str(name).split('/')[-1]}-GMPO")
@@ -69,15 +79,13 @@ class GMPOTrainer(GRPOTrainer):
                 f"{type(args).__name__}: build a GMPOConfig with the same arguments "
                 "(epsilon is a log-space bound there, as in trl.experimental.gmpo)"
             )
-        checked = vars(args).get(CHECKED)
-        if checked is None:  # a field was set after construction (or the config was unpickled)
-            check_config(args)
-            checked = vars(args)[CHECKED]
+        if checked is None:
+            checked = check_config(args)
         check_liger(args.use_liger_kernel)
         check_compute_loss()
         vllm_cpu.prepare(model, args)  # use_vllm: checks and the CPU workaround, before the engine
         super().__init__(model, reward_funcs, args=args, **kwargs)
-        self._variant: Variant | None = checked[0]  # loss_variant(args), resolved by the check
+        self._variant: Variant | None = checked.variant  # loss_variant(args), the check's
 
     # ------------------------------------------------------------------------------------------
     # checkpoints: what GRPOTrainer's own files leave out

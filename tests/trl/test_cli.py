@@ -92,6 +92,13 @@ def test_reward_and_dataset_options(tmp_path, monkeypatch):
         (["train", "--model", "README.txt"], "'README.txt': not a model directory (no config.json)"),
         (["compare", "--model", "/nonexistent/model"], "--model '/nonexistent/model': no such"),
         (["compare", "--seeds", "0"], "--seeds must be at least 1, got 0"),
+        # trained the first seed, then failed on the second with NumPy's range error
+        (["compare", "--seed", "4294967295", "--seeds", "2", "--max_steps", "1"],
+         "--seed 4294967295 with --seeds 2 runs seeds 4294967295 to 4294967296: a seed must be "
+         "an integer from 0 to 4294967295"),
+        # refused by NumPy once the trainer was built, its output directory made
+        (["train", "--seed", "-1"], "--seed -1: a seed must be an integer from 0 to 4294967295"),
+        (["compare", "--seed", "4294967296"], "--seed 4294967296: a seed must be an integer"),
         (["train", "--config", "no_such.yaml"], "--config: no such file 'no_such.yaml'"),
         # (CHANGELOG, 0.2): these ended in a traceback and exit 1
         (["train", "--config", "bad.yaml"],

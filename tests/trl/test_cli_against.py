@@ -55,6 +55,60 @@ def test_compare_against_dapo_and_gspo_end_to_end(tmp_path, capsys):
     assert (tmp_path / "summary.md").read_text() in out
 
 
+_RISING = """
+calls = 0
+
+def rising(prompts, completions, **kwargs):
+    global calls
+    calls += 1
+    return [calls / 100] * len(prompts)
+"""
+
+
+def test_one_final_reward_everywhere_and_a_header_that_names_what_ran(
+    tmp_path, capsys, monkeypatch
+):
+    """A user's dataset and reward, 15 logged rewards a run, a reward that rises at every call:
+    the per-run line, the table of summaries and the table against GMPO (its wins) give one final
+    reward, gmpo_stats.outcome's (the mean of the last 20, here all 15), defined once; the header
+    names the dataset and the reward. Regression: the per-run line and the summaries' table gave
+    the mean of the last 7 (the caption said 10), the table against GMPO the mean of all 15, and
+    the header named the task successor."""
+    from gmpo_trl.cli.reports import REWARDS
+
+    (tmp_path / "rising_rewards.py").write_text(_RISING)
+    monkeypatch.chdir(tmp_path)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{d}="}) + "\n" for d in range(8)))
+    out = tmp_path / "out"  # a reward every step: one generation a step
+    argv = ["compare", "--against", "dapo", "--dataset", str(data), "--reward",
+            "rising_rewards:rising", "--max_steps", "15", "--num_iterations", "1",
+            "--steps_per_generation", "1", "--output_dir", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    for method, name in (("DAPO", "dapo"), ("GMPO", "gmpo")):
+        rewards = [r["reward"] for r in read_metrics(out / name / "seed0" / "metrics.jsonl")]
+        assert len(rewards) == 15 and len(set(rewards)) == 15  # a mean of 7 differs from 15's
+        final = sum(rewards) / 15
+        run = summary["runs"][method][0]
+        assert (run["reward_first"], run["reward_window"]) == (rewards[0], 15)
+        assert run["reward_final"] == pytest.approx(final, rel=1e-12)
+        assert summary["outcomes"][method][0]["final"] == pytest.approx(final, rel=1e-12)
+        assert summary["aggregate"][method]["reward_final"]["values"] == [run["reward_final"]]
+        assert summary["against_gmpo"][method]["final"]["values"] == [run["reward_final"]]
+        assert (
+            f"reward {rewards[0]:.2f} -> {final:.2f} (the first logged reward, then the final "
+            "reward: the mean of the last 15 logged)" in printed
+        )
+    markdown = (out / "summary.md").read_text()
+    assert markdown.startswith(
+        f"dataset {data} (split train), reward rising_rewards:rising, the successor task's model; "
+    )
+    assert markdown.count(REWARDS) == 1 and "last 10" not in markdown
+    assert summary["rewards"] == REWARDS
+
+
 def test_the_table_against_gmpo_on_made_up_runs():
     """Wins, losses and ties on the same seeds, the one-sided sign test and the failures,
     against a count by hand."""
@@ -86,7 +140,8 @@ def test_a_run_fails_below_its_warm_start_or_when_it_collapses():
         return [{"step": i + 1, "reward": r} for i, r in enumerate(curve)]
 
     assert outcome(rows([0.5, 0.6, 0.7])) == {
-        "reward_start": 0.5, "final": pytest.approx(0.6), "collapsed": False, "failed": False}  # fmt: skip
+        "reward_start": 0.5, "final": pytest.approx(0.6), "peak": pytest.approx(0.6),
+        "collapsed": False, "failed": False}  # fmt: skip
     assert outcome(rows([0.5, 0.4, 0.5]))["failed"] is True  # final 0.467 < 0.5
     learned_and_lost = [0.1] * 20 + [0.9] * 20 + [0.5] * 20  # final 0.5 >= start, collapsed
     assert outcome(rows(learned_and_lost))["collapsed"] is True

@@ -152,7 +152,8 @@ def test_log_ratio_range_skips_on_policy_steps():
     assert (s["optimizer_steps"], s["logged_rows"], s["off_policy_rows"]) == (8, 4, 2)
     assert (s["log_ratio_min"], s["log_ratio_max"]) == (-0.5, 0.75)
     assert s["log_ratio_width_mean"] == (0.75 + 0.875) / 2
-    assert (s["reward_first"], s["reward_final"], s["reward_window"]) == (0.1, 0.3, 1)
+    # the first logged reward, and gmpo_stats.outcome's final: the mean of the last 20 (all 2)
+    assert (s["reward_first"], s["reward_final"], s["reward_window"]) == (0.1, 0.2, 2)
 
 
 def _capture_figure(monkeypatch):

@@ -31,6 +31,7 @@ import pytest
 pytest.importorskip("trl")
 
 from gmpo_trl.cli import main, parsing
+from gmpo_variants import VARIANTS
 
 pytestmark = pytest.mark.trl
 
@@ -123,7 +124,11 @@ class Trace:
 
 
 def trace_train(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> Trace:
-    """``gmpo train`` with ``argv``, traced from the parsed arguments to the loss."""
+    """``gmpo train`` with ``argv``, traced from the parsed arguments to the loss (the config's
+    checks forget the values an earlier test checked)."""
+    from gmpo_trl import config
+
+    config._checked.cache_clear()
     trace = Trace()
     parse = parsing.parse
 
@@ -186,12 +191,26 @@ def test_from_parsed_arguments_to_the_loss_no_module_is_visited_twice(
         "gmpo_core.loss",
     ):
         assert module in trace.visited(), (module, trace.order)  # fmt: skip
-    # each check once (the config's own rules: at construction only, not again in the trainer)
-    for name in ("get_task", "check_config", "check_hyperparameters"):
+    # each check once (the config's own rules: at construction only; the plan and the trainer
+    # read the same check of the same values, check_config's record, which runs nothing again)
+    for name in ("get_task", "_check_values", "check_hyperparameters"):
         assert trace.calls[name] == 1, (name, trace.calls)
     ran = 1 if inputs == "user" else 0
     for name in ("check_model", "check_dataset", "resolve_reward", "load_dataset"):
         assert trace.calls[name] == ran, (name, trace.calls)
+
+
+def test_a_loss_variant_is_resolved_and_checked_once(tmp_path, monkeypatch):
+    """``gmpo train --variant gmpo_narrow``: the variant is resolved once and each option it
+    replaces checked once, by the config's check (its values) and the plan's (what the user set,
+    beyond the values); the trainer takes the plan's. Regression: ``check_variant`` ran at the
+    config's construction and again in ``build_plan``, every conflict checked twice."""
+    argv = ["--variant", "gmpo_narrow", "--beta", "0", "--max_steps", "1", "--output_dir",
+            str(tmp_path / "out")]  # fmt: skip
+    trace = trace_train(monkeypatch, argv)
+    assert trace.reached_loss  # gmpo_narrow's own call of gmpo_loss
+    for name in ("_check_values", "_variant_of", "resolve", "check_variant"):
+        assert trace.calls[name] == 1, (name, trace.calls)
 
 
 # --------------------------------------------------------------------------------------------
@@ -234,34 +253,54 @@ def test_a_variant_beside_what_it_does_not_replace_is_planned(tmp_path):
     argv = ["--variant", "gmpo_narrow", "--beta", "0", "--output_dir", str(tmp_path)]
     plan = build_plan(parsing.parse("train", argv))
     assert plan.variant is not None and plan.config.loss_variant == "gmpo_narrow"
-    assert plan.variant.label == plan.config.__dict__["_resolved_variant"][1].label
+    assert plan.variant is plan.checked.variant is VARIANTS["gmpo_narrow"]
     config = GMPOConfig(**toy_args(str(tmp_path), loss_variant="gmpo_narrow", epsilon=0.4))
     assert config.epsilon == 0.4
 
 
 def test_the_trainer_checks_a_config_again_only_when_it_changed(tmp_path, monkeypatch):
-    """The config's rules run at its construction; GMPOTrainer runs them again where a field was
-    set since (or the config was unpickled), not a second time on the same values. Its variant
-    is the one the check resolved."""
+    """The config's rules run at its construction; GMPOTrainer reads the same check where the
+    checked values are the same (the same config, a copy, an unpickled one), and runs them again
+    where one changed. Nothing is kept on the config: no ``__setattr__`` or ``__getstate__`` of
+    its own, no attribute beside GRPOConfig's but its fields. Its variant is the check's.
+    Regression: the check's record and the resolved variant were stashed in the config's
+    ``__dict__`` (``_checked``, ``_resolved_variant``), kept valid by those two overrides."""
+    import functools
     import pickle
+
+    from trl import GRPOConfig
 
     from gmpo_tasks.models import qwen2_model
     from gmpo_tasks.successor import successor_dataset, successor_reward, toy_args
     from gmpo_trl import GMPOConfig, GMPOTrainer
-    from gmpo_trl import trainer as trainer_module
-    from gmpo_trl.config import CHECKED
+    from gmpo_trl import config as config_module
+    from gmpo_trl.fields import GMPO_FIELDS
     from tests.trl._support import TOKENIZER, make_trainer
 
-    checked: list[object] = []
-    check = trainer_module.check_config
-    monkeypatch.setattr(trainer_module, "check_config", lambda a: (checked.append(a), check(a)))
+    runs: list[object] = []
+    check_beta = config_module.check_beta
+    monkeypatch.setattr(
+        config_module, "check_beta", lambda *a, **k: (runs.append(a), check_beta(*a, **k))[1]
+    )
+    fresh = functools.lru_cache(maxsize=64)(config_module._check_values)
+    monkeypatch.setattr(config_module, "_checked", fresh)  # no check of an earlier test
     trainer = make_trainer(tmp_path, loss_variant="gmpo_narrow")
-    assert checked == [] and trainer._variant.label == trainer.args.__dict__[CHECKED][0].label
+    assert len(runs) == 1 and trainer._variant is VARIANTS["gmpo_narrow"]
     config = GMPOConfig(**toy_args(str(tmp_path)))
-    assert config.__dict__[CHECKED] == (None,)
-    assert CHECKED not in pickle.loads(pickle.dumps(config)).__dict__
-    config.max_steps = 3  # any attribute set after the check
-    assert CHECKED not in config.__dict__
-    GMPOTrainer(model=qwen2_model(TOKENIZER, seed=0), reward_funcs=successor_reward, args=config,
-                train_dataset=successor_dataset(), processing_class=TOKENIZER)  # fmt: skip
-    assert checked == [config] and config.__dict__[CHECKED] == (None,)
+    assert len(runs) == 2
+    assert "__setattr__" not in vars(GMPOConfig) and "__getstate__" not in vars(GMPOConfig)
+    plain = GRPOConfig(**{k: v for k, v in toy_args(str(tmp_path)).items()
+                          if k in GRPOConfig.__dataclass_fields__})  # fmt: skip
+    added = {name for name, option in GMPO_FIELDS.items() if option.added}
+    assert set(vars(config)) - set(vars(plain)) == added
+    again = pickle.loads(pickle.dumps(config))
+    assert config_module.check_config(again) is config_module.check_config(config)
+    assert len(runs) == 2
+    build = dict(reward_funcs=successor_reward, train_dataset=successor_dataset(),
+                 processing_class=TOKENIZER)  # fmt: skip
+    config.max_steps = 3  # a field no check reads
+    GMPOTrainer(model=qwen2_model(TOKENIZER, seed=0), args=config, **build)
+    assert len(runs) == 2
+    config.epsilon = 0.3  # a checked field: checked again
+    GMPOTrainer(model=qwen2_model(TOKENIZER, seed=0), args=config, **build)
+    assert len(runs) == 3

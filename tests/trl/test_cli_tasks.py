@@ -107,7 +107,7 @@ def test_a_run_is_judged_for_collapse_from_40_logged_rewards():
         return [{"step": i + 1, "reward": r} for i, r in enumerate(curve)]
 
     s = run_summary(rows([0.1] * 20 + [0.9] * 20 + [0.5] * 20), 60)
-    assert (s["reward_final20"], s["reward_peak20"], s["collapsed"]) == (
+    assert (s["reward_final"], s["reward_peak20"], s["collapsed"]) == (
         pytest.approx(0.5),
         pytest.approx(0.9),
         True,
@@ -119,10 +119,10 @@ def test_a_run_is_judged_for_collapse_from_40_logged_rewards():
 
 def test_compare_table_counts_collapsed_runs():
     runs_ = {
-        "GRPO": [{"seed": 0, "reward_final20": 0.0, "collapsed": True},
-                 {"seed": 1, "reward_final20": 0.2, "collapsed": False}],
-        "GMPO": [{"seed": 0, "reward_final20": 0.8, "collapsed": False},
-                 {"seed": 1, "reward_final20": 0.6, "collapsed": False}],
+        "GRPO": [{"seed": 0, "reward_final": 0.0, "collapsed": True},
+                 {"seed": 1, "reward_final": 0.2, "collapsed": False}],
+        "GMPO": [{"seed": 0, "reward_final": 0.8, "collapsed": False},
+                 {"seed": 1, "reward_final": 0.6, "collapsed": False}],
     }  # fmt: skip
     table, agg = compare_table(runs_)
     assert "| GRPO | 2 | 0.10 ± 0.14 | 1/2 |" in table and "| GMPO | 1 | 0.60 | no |" in table

@@ -76,6 +76,31 @@ def test_registering_another_function_under_a_taken_name_raises() -> None:
     assert VARIANTS["gmpo"] == gmpo
 
 
+def test_a_parameterised_variant_is_one_registration_per_setting(monkeypatch) -> None:
+    """The power means are one function registered at each p (``register_power``): the loss,
+    its bounds and its reference carry the same p and epsilon. Registering it again at the same
+    settings (its module imported again) replaces it; another p under a taken name raises and
+    names the registered one's settings."""
+    from gmpo_variants import power
+
+    monkeypatch.setattr(registry_module, "_REGISTRY", dict(registry_module._REGISTRY))
+    for name, p in (("hmpo", -1.0), ("pmpo_0.5", 0.5), ("pmpo_1", 1.0)):
+        variant = VARIANTS[name]
+        assert variant.loss.keywords == {"p": p, "epsilon": 0.4}  # type: ignore[attr-defined]
+        assert variant.reference.keywords == {"p": p, "epsilon": 0.4}  # type: ignore[union-attr]
+        assert variant.bounds == (0.4, 0.4)
+    half = VARIANTS["pmpo_0.5"]
+    again = power.register_power("pmpo_0.5", half.label, p=0.5)
+    assert again is not half.loss and VARIANTS["pmpo_0.5"].loss is again
+    with pytest.raises(ValueError) as err:
+        power.register_power("pmpo_0.5", half.label, p=0.25)
+    assert str(err.value) == (
+        "variant 'pmpo_0.5' is already registered to "
+        "gmpo_variants.power.power_mean_variant(epsilon=0.4, p=0.5)"
+    )
+    assert resolve("gmpo_variants.power:hmpo") is VARIANTS["hmpo"]
+
+
 def test_a_new_module_in_the_package_registers_on_import(tmp_path, monkeypatch) -> None:
     """A new variant is one file: every module of the package is imported by the registry."""
     package = tmp_path / "more_variants"
@@ -167,6 +192,40 @@ def test_a_variant_that_returns_the_loss_alone_has_an_unknown_clipped_fraction()
     logp, old, adv, mask = _inputs()
     loss, clipped = variant(logp, old, adv, mask)
     assert loss.dim() == 0 and math.isnan(float(clipped)) and not clipped.requires_grad
+
+
+def _empty_batch_case(name: str) -> object:
+    """A registered variant as a test parameter, marked with the extra it needs."""
+    requires = VARIANTS[name].requires
+    return pytest.param(name, marks=[getattr(pytest.mark, requires)] if requires else [])
+
+
+def _mean_of_rows(logp, old_logp, advantages, mask):  # type: ignore[no-untyped-def]
+    """A user's variant: the mean over rows of -A·(token mean of r), NaN over no rows."""
+    r = torch.where(mask != 0, logp - old_logp, 0)
+    return (-advantages * r.sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+
+
+@pytest.mark.parametrize("name", [*map(_empty_batch_case, VARIANTS), "user's .mean()"])
+def test_an_empty_batch_gives_a_zero_loss(name: str) -> None:
+    """B = 0: every variant's loss is 0, finite, with an empty gradient (docs/semantics.md S4),
+    as gmpo_core's. Regression: gspo, sapo, grpo, grpo_wide, gmpo_noclip, gmpo_seqclip, hmpo and
+    the pmpo_* returned NaN (a mean over no rows) where dapo, cispo and gmpo gave 0."""
+    if name == "user's .mean()":
+        variant = Variant(name, name, _mean_of_rows)
+    else:
+        variant = VARIANTS[name]
+        if variant.requires is not None:
+            pytest.importorskip(variant.requires)
+    for dtype in (torch.float32, torch.float64):
+        logp = torch.zeros(0, 5, dtype=dtype, requires_grad=True)
+        empty = torch.zeros(0, 5, dtype=dtype)
+        loss, clipped = variant(logp, empty, torch.zeros(0, dtype=dtype), torch.ones(0, 5))
+        assert loss.dim() == 0 and loss.dtype == dtype and loss.requires_grad
+        assert float(loss.detach()) == 0.0
+        assert clipped.dim() == 0 and not clipped.requires_grad
+        loss.backward()
+        assert logp.grad is not None and logp.grad.shape == (0, 5)
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,9 @@ function file built in a temporary folder, GRPO advantages, ``seq-mean-token-mea
 off-policy updates (2 mini-batches, 2 epochs per step) so that the clip acts. Three steps on
 verl's default v1 trainer with ``loss_mode=gmpo`` and on the legacy trainer
 (``trainer.use_v1=False``) with ``loss_mode=gmpo_dual_clip``. A negative control with the entry
-points off shows that the entry point is what registered the loss.
+points off shows that the entry point is what registered the loss. A legacy run in verl's
+rollout-correction bypass mode shows that GMPO's loss is what its actor runs there (verl writes
+``loss_mode="bypass_mode"`` into the driver's copy of the config only).
 
 What CPU needs (a platform, plain gloo, a small ``hf`` rollout server) is test support
 (``cpu_support.py``, ``hf_rollout.py``), loaded in every process through
@@ -50,9 +52,10 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _train(
-    files: dict[str, Path], tmp: Path, *, v1: bool, loss_mode: str, **env: str
-) -> tuple[int, str]:
-    args = _e2e.overrides(files, tmp, v1=v1, loss_mode=loss_mode, steps=STEPS)
+    files: dict[str, Path], tmp: Path, *, v1: bool, loss_mode: str, extra: tuple[str, ...] = (),
+    **env: str,
+) -> tuple[int, str]:  # fmt: skip
+    args = [*_e2e.overrides(files, tmp, v1=v1, loss_mode=loss_mode, steps=STEPS), *extra]
     returncode, log = _e2e.run(tmp, args, timeout=TIMEOUT, **env)
     (tmp / "log.txt").write_text(log)
     return returncode, log
@@ -121,3 +124,31 @@ def test_without_the_entry_point_loss_mode_gmpo_is_unknown(
     assert "Unsupported loss mode: gmpo" in log, _tail(log)
     assert "in ppo_loss" in log  # the actor's loss (verl/workers/utils/losses.py), not the config
     assert not _e2e.step_lines(log)
+
+
+def test_bypass_mode_runs_gmpo_against_the_rollout_log_probs(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    """``algorithm.rollout_correction.bypass_mode=True`` on the legacy trainer: the old log-probs
+    are the rollout's (the actor's recomputation is skipped), and verl 0.9.1's
+    ``apply_bypass_mode`` writes ``loss_mode="bypass_mode"`` into the driver's copy of the
+    policy-loss config. The actor workers keep theirs: GMPO's loss runs, its own metrics on every
+    step. A verl that passed the rewritten config on would run ``bypass_mode``'s PPO clip instead,
+    and this fails (as it does with ``loss_mode=vanilla``)."""
+    returncode, log = _train(
+        files, tmp_path, v1=False, loss_mode="gmpo",
+        extra=("algorithm.rollout_correction.bypass_mode=True",),
+    )  # fmt: skip
+    assert returncode == 0, _tail(log)
+    steps = _e2e.step_metrics(log)
+    assert sorted(steps) == list(range(1, STEPS + 1)), _tail(log)
+    for step, metrics in steps.items():
+        # GMPO_METRICS holds actor/log_ratio_min and _max, which GMPO's loss logs and verl's
+        # built-in ones do not (bypass_mode's ppo_clip, verl's vanilla, logs neither)
+        for key in GMPO_METRICS:
+            assert key in metrics, (step, key, sorted(metrics))
+            assert math.isfinite(metrics[key]), (step, key, metrics[key])
+        # logged where the actor recomputes the old log-probs (the v0 run above has it): the
+        # comparison of the recomputed ones with the rollout's, which bypass mode skips
+        assert "training/rollout_probs_diff_max" not in metrics, (step, sorted(metrics))
+        assert metrics["actor/log_ratio_min"] < 0 < metrics["actor/log_ratio_max"], step

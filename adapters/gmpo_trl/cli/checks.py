@@ -201,13 +201,29 @@ def check_counts(values: dict[str, Any]) -> None:
 
 
 def check_run(config: Any) -> None:
-    """What TRL checks only once the run is under way (or never): the learning rate, and an
-    output directory that cannot be one."""
+    """What TRL checks only once the run is under way (or never): the seed, the learning rate,
+    and an output directory that cannot be one."""
+    check_seeds(config.seed)
     lr = config.learning_rate
     if not (isinstance(lr, int | float) and math.isfinite(lr) and lr >= 0):
         raise CLIError(f"--learning_rate must be a finite number >= 0, got {lr!r}")
     check_output_dir(config.output_dir)
     check_report_to(config.report_to)
+
+
+#: the largest seed: the trainer seeds NumPy (``transformers.set_seed``), whose seeds are 32-bit
+MAX_SEED = 2**32 - 1
+
+
+def check_seeds(first: int, count: int = 1) -> None:
+    """Every seed of a run (``gmpo compare``'s ``--seeds``: ``first`` to ``first + count - 1``)
+    is one the trainer takes, 0 to :data:`MAX_SEED`: refused here rather than when the trainer of
+    an out-of-range seed is built, after the runs before it."""
+    last = first + count - 1
+    if 0 <= first and last <= MAX_SEED:
+        return
+    runs = f" with --seeds {count} runs seeds {first} to {last}" if count > 1 else ""
+    raise CLIError(f"--seed {first}{runs}: a seed must be an integer from 0 to {MAX_SEED}")
 
 
 def check_output_dir(spec: str) -> None:

@@ -19,11 +19,11 @@ from typing import Any
 from gmpo_stats.outcome import DROP, WINDOW
 from gmpo_trl.cli.arguments import CompareArguments
 from gmpo_trl.cli.base import Command
-from gmpo_trl.cli.checks import check_against, check_grpo_epsilon
+from gmpo_trl.cli.checks import check_against, check_grpo_epsilon, check_seeds
 from gmpo_trl.cli.comparators import COMPARATORS, DEFAULT_AGAINST
 from gmpo_trl.cli.errors import CLIError
 from gmpo_trl.cli.plots import log_clip_range, plot_compare
-from gmpo_trl.cli.reports import FINAL_STEPS, JUDGED_FROM, against_table, compare_table, outcome
+from gmpo_trl.cli.reports import JUDGED_FROM, REWARDS, against_table, compare_table, outcome
 from gmpo_trl.cli.runs import Parsed, Plan, build_plan, interruptible, run, stop_if_interrupted
 
 
@@ -32,6 +32,10 @@ def compare_plan(parsed: Parsed) -> Plan:
     script = parsed.script
     if script.seeds < 1:
         raise CLIError(f"--seeds must be at least 1, got {script.seeds}")
+    from gmpo_trl import GMPOConfig
+
+    first = {"seed": GMPOConfig.seed, **parsed.defaults, **parsed.values}["seed"]
+    check_seeds(first, script.seeds)  # every seed, before any run
     if parsed.values.get("resume_from_checkpoint") not in (None, False, "false", "False"):
         raise CLIError(
             "--resume_from_checkpoint: gmpo compare does not resume (it trains a run per method "
@@ -60,6 +64,20 @@ def gmpo_settings(config: Any, variant: Any) -> str:
     if variant is None:
         return f"log-space clip [-{config.epsilon}, {upper(config.epsilon, config.epsilon_high)}]"
     return f"loss variant {config.loss_variant!r} ({variant.label})"
+
+
+def what_ran(script: Any) -> str:
+    """The prompts, reward and model the runs trained on: the user's (``--dataset``,
+    ``--reward``, ``--model``), else the built-in task's."""
+    if script.dataset is None and not script.reward and script.model is None:
+        return f"task {script.task}"
+    task = f"the {script.task} task's"
+    prompts = f"{task} prompts"
+    if script.dataset is not None:
+        prompts = f"dataset {script.dataset} (split {script.dataset_split})"
+    reward = f"reward {', '.join(script.reward)}" if script.reward else f"{task} reward"
+    model = f"{task} model" if script.model is None else f"model {script.model}"
+    return f"{prompts}, {reward}, {model}"
 
 
 def _forced(name: str, config: Any) -> str:
@@ -125,7 +143,6 @@ def _report(
     """``summary.md`` (also printed) and ``summary.json``: the settings, the table of each
     method's summaries and, with other losses than GRPO alone, the table against GMPO."""
     script, gmpo = plan.script, plan.config
-    task = script.task if script.model is None else f"{script.task} (model {script.model})"
     gmpo_side = gmpo_settings(gmpo, plan.variant)
     run_settings = (
         f"num_iterations={gmpo.num_iterations}, steps_per_generation={gmpo.steps_per_generation}, "
@@ -140,34 +157,29 @@ def _report(
             [*(f"{COMPARATORS[n].label}: TRL GRPOTrainer, {_forced(n, c)}"
                for n, c in plan.comparators.items()), f"GMPO: {gmpo_side}"]
         )  # fmt: skip
-    settings = f"task {task}; {sides}; {run_settings}"
+    settings = f"{what_ran(script)}; {sides}; {run_settings}"
     table, agg = compare_table(summaries)
     note = (
-        f"First rewards / final reward: mean of the first / last {FINAL_STEPS} logged rewards of a "
-        "run (a reward is logged per generation, every num_iterations x steps_per_generation "
-        "optimizer steps); log-ratio "
-        "min/max: the extremes of r = logp - old_logp over the run's off-policy steps; mean "
-        "step width: the mean over those steps of (max - min); mean ± sample std over seeds. "
-        f"Final (20) / peak (20): the last / largest mean of {WINDOW} consecutive "
-        f"logged rewards; collapsed: final (20) at least {DROP} below peak (20), the "
-        f"rule of docs/study.md (runs with at least {JUDGED_FROM} logged rewards)."
+        "Log-ratio min/max: the extremes of r = logp - old_logp over the run's off-policy steps; "
+        "mean step width: the mean over those steps of (max - min); mean ± sample std over "
+        f"seeds. Peak (20): the largest mean of {WINDOW} consecutive logged rewards; collapsed: "
+        f"the final reward at least {DROP} below peak (20), the rule of docs/study.md (runs with "
+        f"at least {JUDGED_FROM} logged rewards)."
     )
-    data: dict[str, Any] = dict(settings=settings, variant=gmpo.loss_variant, aggregate=agg,
-                                runs=summaries)  # fmt: skip
+    data: dict[str, Any] = dict(settings=settings, rewards=REWARDS, variant=gmpo.loss_variant,
+                                aggregate=agg, runs=summaries)  # fmt: skip
     if names == [DEFAULT_AGAINST]:
-        return {"markdown": f"{settings}\n\n{table}\n\n{note}\n", "json": data}
+        return {"markdown": f"{settings}\n\n{REWARDS}\n\n{table}\n\n{note}\n", "json": data}
     against, against_agg = against_table(outcomes)
     sources = "; ".join(f"{COMPARATORS[n].label}: {COMPARATORS[n].source}" for n in names)
     against_note = (
         "Against GMPO: a pair is GMPO's run and the method's run on the same seed (the same warm "
         "start and prompts); GMPO wins it when its final reward is higher, loses it when lower "
         "(ties dropped); p: the one-sided exact sign test (gmpo_stats.paired.sign_test_p), H1: "
-        f"GMPO wins more often. Final reward here: gmpo_stats.outcome's, the mean of the last "
-        f"{WINDOW} logged rewards (all of them when fewer); failed: final below the warm start's "
-        "reward (the run's first logged reward, from the generations the warm start sampled) or "
-        f"collapsed (final at least {DROP} below the peak {WINDOW}-reward mean), "
+        "GMPO wins more often. Failed: the final reward below the first (the warm start's) or "
+        f"collapsed (the final reward at least {DROP} below the peak {WINDOW}-reward mean), "
         f"gmpo_stats.outcome's rule. Settings' sources: {sources}."
     )
     data.update(against=names, against_gmpo=against_agg, outcomes=outcomes)
-    markdown = f"{settings}\n\n{against}\n\n{against_note}\n\n{table}\n\n{note}\n"
+    markdown = f"{settings}\n\n{REWARDS}\n\n{against}\n\n{against_note}\n\n{table}\n\n{note}\n"
     return {"markdown": markdown, "json": data}

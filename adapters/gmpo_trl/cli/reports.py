@@ -39,30 +39,38 @@ def series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]
     return [s for s, _ in pts], [v for _, v in pts]
 
 
-FINAL_STEPS = 10  # "final reward": the mean of the last ten logged rewards
+#: what a run's first and final reward are, named once: every summary line and table reads
+#: them from :func:`outcome`, which takes them from ``gmpo_stats.outcome``
+REWARDS = (
+    "First reward: a run's first logged reward (its first generation, sampled before any "
+    f"update); final reward: the mean of its last {WINDOW} logged rewards, all of them when "
+    "fewer (gmpo_stats.outcome's; wins and failed runs against GMPO are counted from it too). A "
+    "reward is logged per generation, every num_iterations x steps_per_generation optimizer "
+    "steps."
+)
 
 
-#: a run's collapse (``gmpo_stats.collapse``, docs/study.md's rule) is judged only on
-#: runs with at least this many logged rewards (one per generation)
+#: a run's collapse (``gmpo_stats.collapse``, docs/study.md's rule) is shown only for runs
+#: with at least this many logged rewards (one per generation)
 JUDGED_FROM = 2 * WINDOW
 
 
 def run_summary(rows: list[dict[str, Any]], global_step: int) -> dict[str, Any]:
-    """The numbers a run is summarized by (``summary.json``)."""
+    """The numbers a run is summarized by (``summary.json``): its first and final reward are
+    :func:`outcome`'s (``reward_window``: how many logged rewards the final one averages)."""
     _, reward = series(rows, "reward")
     ranged = [r for r in rows if has_range(r)]
-    k = max(1, min(FINAL_STEPS, len(reward) // 2))
     out: dict[str, Any] = {
         "optimizer_steps": global_step,
         "logged_rows": len(rows),
         "off_policy_rows": len(ranged),
     }
     if reward:
-        out.update(reward_first=statistics.fmean(reward[:k]),
-                   reward_final=statistics.fmean(reward[-k:]), reward_window=k)  # fmt: skip
-    if len(reward) >= JUDGED_FROM:
-        col = collapse(reward)
-        out.update(reward_final20=col.final, reward_peak20=col.peak, collapsed=col.collapsed)
+        run = outcome(rows)
+        out.update(reward_first=run["reward_start"], reward_final=run["final"],
+                   reward_window=min(WINDOW, len(reward)))  # fmt: skip
+        if len(reward) >= JUDGED_FROM:
+            out.update(reward_peak20=run["peak"], collapsed=run["collapsed"])
     if ranged:
         lo = [r["log_ratio/min"] for r in ranged]
         hi = [r["log_ratio/max"] for r in ranged]
@@ -82,8 +90,9 @@ def run_summary(rows: list[dict[str, Any]], global_step: int) -> dict[str, Any]:
 def summary_line(what: str, s: dict[str, Any]) -> str:
     parts = [f"{what}: {s['optimizer_steps']} optimizer steps ({s['logged_rows']} logged)"]
     if "reward_first" in s:
-        parts.append(f"reward {s['reward_first']:.2f} -> {s['reward_final']:.2f} "
-                     f"(mean of first/last {s['reward_window']} logged)")  # fmt: skip
+        parts.append(f"reward {s['reward_first']:.2f} -> {s['reward_final']:.2f} (the first "
+                     "logged reward, then the final reward: the mean of the last "
+                     f"{s['reward_window']} logged)")  # fmt: skip
     if "held_out_reward_before" in s:
         parts.append(f"held-out reward {s['held_out_reward_before']:.2f} -> "
                      f"{s['held_out_reward_after']:.2f} ({s['held_out_completions']} completions; "
@@ -108,9 +117,8 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 
 COMPARE_COLUMNS = (
-    ("reward_first", "first rewards"),
+    ("reward_first", "first reward"),
     ("reward_final", "final reward"),
-    ("reward_final20", "final (20)"),
     ("reward_peak20", "peak (20)"),
     ("collapsed", "collapsed"),
     ("log_ratio_min", "log-ratio min"),
@@ -158,17 +166,18 @@ def compare_table(per_seed: dict[str, list[dict[str, Any]]]) -> tuple[str, dict[
 
 
 def outcome(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """A run's outcome under ``gmpo_stats.outcome``'s rules: its warm start's reward (the first
-    logged reward: the first generation is sampled before any update), its final reward (the mean
-    of the last ``WINDOW`` logged rewards, all of them when fewer), whether it collapsed, and
-    whether it failed (final below the warm start's reward, or collapsed); empty without a
-    logged reward."""
+    """A run's outcome under ``gmpo_stats.outcome``'s rules (:data:`REWARDS`): its warm start's
+    reward (the first logged reward: the first generation is sampled before any update), its
+    final reward (the mean of the last ``WINDOW`` logged rewards, all of them when fewer), its
+    peak (the largest mean of ``WINDOW`` consecutive ones), whether it collapsed, and whether it
+    failed (final below the warm start's reward, or collapsed); empty without a logged
+    reward."""
     _, rewards = series(rows, "reward")
     if not rewards:
         return {}
     start, col = rewards[0], collapse(rewards)
-    return {"reward_start": start, "final": col.final, "collapsed": col.collapsed,
-            "failed": failed(rewards, start)}  # fmt: skip
+    return {"reward_start": start, "final": col.final, "peak": col.peak,
+            "collapsed": col.collapsed, "failed": failed(rewards, start)}  # fmt: skip
 
 
 def against_table(

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -75,6 +76,14 @@ class Plan:
     ``variant``: the resolved ``loss_variant`` (None: GMPO's loss); ``resume``: the checkpoint
     directory to resume from; ``model``: what is trained; ``comparators``: ``gmpo compare``'s ``GRPOConfig`` of each loss it
     trains beside GMPO, by ``--against`` name."""
+
+    @property
+    def checked(self) -> Any:
+        """The check of ``config`` (``gmpo_trl.config.check_config``, done as it was built, not
+        again): its values and ``variant``. GMPO's trainer takes it instead of checking."""
+        from gmpo_trl.config import check_config
+
+        return check_config(self.config)
 
     script: Any
     config: Any
@@ -190,6 +199,8 @@ def run(plan: Plan, config: Any, trainer_cls: type, title: str, resume: str | No
     """Train one run of ``plan`` under ``config``, from the checkpoint directory ``resume`` when
     given (as ``Trainer.train(resume_from_checkpoint=...)`` does: the steps after it only);
     metrics.png, summary.json/.md in its output directory."""
+    if config is plan.config:  # GMPO's run: its trainer takes the plan's check
+        trainer_cls = functools.partial(trainer_cls, checked=plan.checked)
     trainer = build_trainer(plan, config, trainer_cls)
     evaluate = held_out(plan, config)
     before = evaluate(trainer, plan.model) if evaluate is not None else None
