@@ -46,7 +46,7 @@ class RealCell:
     temperature: float = 1.0
     minibatches: int = 1
     epochs: int = 2
-    generations: int = 30
+    generations: int = 20
     lr: float = 2e-5
 
 

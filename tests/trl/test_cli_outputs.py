@@ -49,23 +49,33 @@ def test_help_is_short_and_imports_no_trl_trainer(command):
                    "--bf16", "--use_cpu", "--epsilon", "--gmpo_lm_head", "--help-all"):  # fmt: skip
         assert option in text, option
     # a --model run's default first, the toy run's value marked as such
-    assert "Default: 1e-06. [toy: 0.005]" in " ".join(text.split())
+    assert "Default: 1e-05. [toy: 0.005]" in " ".join(text.split())
+    assert "--save_strategy S" in text and "Default: 'no'." in " ".join(text.split())
     assert ("--grpo_epsilon" in text) == ("--seeds" in text) == (command == "compare")
 
 
 def test_help_defaults_are_gmpoconfigs():
-    """What --help says a --model run gets is GMPOConfig's default (read without TRL)."""
+    """What --help says a --model run gets is GMPOConfig's default, or a pretrained model's
+    (MODEL_DEFAULTS: what a run on a pretrained model gets instead), read without TRL; and it is
+    what a --model run's config holds."""
     import dataclasses
 
     from gmpo_trl import GMPOConfig
-    from gmpo_trl.cli.defaults import COMMON_TRL_OPTIONS
+    from gmpo_trl.cli.defaults import COMMON_TRL_OPTIONS, MODEL_DEFAULTS
     from gmpo_trl.cli.help import short_help
+    from gmpo_trl.cli.parsing import parse
     from gmpo_trl.fields import GMPO_FIELDS
 
     declared = {f.name: f for f in dataclasses.fields(GMPOConfig)}
-    for name, (_, default, _) in COMMON_TRL_OPTIONS.items():
-        if default is not None:  # None: the help says what decides it
-            assert declared[name].default == default, name
+    assert set(MODEL_DEFAULTS) <= set(COMMON_TRL_OPTIONS)  # each shown by --help
+    argv = ["--model", "org/model", "--dataset", "org/data", "--output_dir", "x"]
+    for command in ("train", "compare"):  # the two commands share them
+        run = parse(command, argv).config(GMPOConfig)
+        for name, (_, default, _) in COMMON_TRL_OPTIONS.items():
+            if default is not None and name != "output_dir":
+                want = MODEL_DEFAULTS.get(name, declared[name].default)
+                assert default == want, name
+                assert getattr(run, name) == default, (command, name)
     # bf16 and use_cpu: decided at run time (test_no_accelerator_means_cpu)
     assert declared["bf16"].default is None and declared["use_cpu"].default is False
     text = " ".join(short_help("train").split())
@@ -112,14 +122,13 @@ def test_no_accelerator_means_cpu(tmp_path, capsys):
     tokenizer = char_tokenizer()
     qwen2_model(tokenizer, seed=0).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
-    config = parse("train", ["--model", str(model_dir), "--output_dir", str(tmp_path)]).config(
-        GMPOConfig
-    )
-    assert (config.use_cpu, config.bf16, config.learning_rate) == (True, False, 1e-6)
-    config = parse("train", ["--model", str(model_dir), "--bf16", "true"]).config(GMPOConfig)
+    toy = ["--model", str(model_dir), "--task", "successor"]  # a character model: no chat
+    config = parse("train", [*toy, "--output_dir", str(tmp_path)]).config(GMPOConfig)
+    assert (config.use_cpu, config.bf16, config.learning_rate) == (True, False, 1e-5)
+    config = parse("train", [*toy, "--bf16", "true"]).config(GMPOConfig)
     assert config.bf16 is True  # the user's value wins
     out = tmp_path / "out"
-    argv = ["train", "--model", str(model_dir), "--output_dir", str(out), "--max_steps", "2",
+    argv = ["train", *toy, "--output_dir", str(out), "--max_steps", "2",
             "--max_completion_length", "2", "--logging_steps", "1", "--gmpo_impl", "plain"]  # fmt: skip
     assert main(argv) == 0, capsys.readouterr().err
     assert len(read_metrics(out / "metrics.jsonl")) == 2
@@ -231,13 +240,14 @@ def _configs_parsed_twice(argv: list[str]) -> tuple[object, object]:
     from gmpo_trl.cli.defaults import run_defaults
 
     probe = argparse.ArgumentParser(add_help=False)
-    for name in ("--model", "--output_dir", "--grpo_epsilon"):
+    for name in ("--model", "--output_dir", "--grpo_epsilon", "--task"):
         probe.add_argument(name)
     known, _ = probe.parse_known_args(argv)
 
     def parse(argv: list[str], cls: type, forced: dict[str, object]) -> object:
         names = {f.name for f in dataclasses.fields(cls)}
-        base = {**run_defaults("compare", model=known.model, output_dir=known.output_dir), **forced}
+        base = {**run_defaults("compare", model=known.model, output_dir=known.output_dir,
+                               task=known.task), **forced}  # fmt: skip
         parser = TrlParser((CompareArguments, cls))
         parser.set_defaults_with_config(**{k: v for k, v in base.items() if k in names})
         _, config = parser.parse_args_and_config(argv)
@@ -274,8 +284,9 @@ def test_compare_parses_once_into_the_configs_it_built_parsing_twice(tmp_path):
         [],
         ["--epsilon", "0.3", "--epsilon_high", "0.5", "--delta", "2.0", "--gmpo_impl", "compiled",
          "--gmpo_lm_head", "false", "--max_steps", "5", "--grpo_epsilon", "0.1", "--seed", "3"],
-        ["--model", str(tmp_path / "model"), "--beta", "0.04", "--learning_rate", "1e-5",
-         "--num_iterations", "3", "--use_vllm", "false", "--logging_steps", "2"],
+        ["--model", str(tmp_path / "model"), "--task", "successor", "--beta", "0.04",
+         "--learning_rate", "1e-5", "--num_iterations", "3", "--use_vllm", "false",
+         "--logging_steps", "2"],
         ["--config", str(tmp_path / "run.yaml"), "--max_steps", "9", "--seeds", "2"],
     ]  # fmt: skip
     for argv in argv_lists:
