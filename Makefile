@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-confirm-analysis study-confirm-reruns study-regime tasks-gym figures-vllm bench-env figures-liger study-which-loss-pilot study-which-loss study-which-loss-analysis study-which-loss-trl
+.PHONY: help setup train test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-confirm-analysis study-confirm-reruns study-regime tasks-gym figures-vllm bench-env figures-liger study-which-loss-pilot study-which-loss study-which-loss-analysis study-which-loss-trl study-which-loss-sensitivity
 
 #: list every target with its one-line summary
 help:
@@ -62,7 +62,7 @@ bench: setup
 ## commands as a new figures-* target, writing into results/<its name>/, and list it here.
 ## `make check-numbers` (and tests/repo/test_doc_numbers.py) checks the pages against the results.
 #: every results/ folder the pages quote, and docs/img/ (many hours)
-figures: figures-trl figures-lm-head figures-verl figures-bench figures-liger figures-study figures-study-trl first-run study-confirm study-confirm-reruns study-regime tasks-gym compat study-which-loss-pilot study-which-loss study-which-loss-trl
+figures: figures-trl figures-lm-head figures-verl figures-bench figures-liger figures-study figures-study-trl first-run study-confirm study-confirm-reruns study-regime tasks-gym compat study-which-loss-pilot study-which-loss study-which-loss-sensitivity study-which-loss-trl
 	$(MAKE) vllm COMPAT_KEEP=1
 	$(MAKE) figures-vllm
 
@@ -394,6 +394,13 @@ study-which-loss-analysis: setup
 	$(BIN)/python -m studies.stability.which_loss $$(for t in $(WL_TASKS); do \
 		[ -f runs/which-loss/$$t/summary.json ] && echo runs/which-loss/$$t; done) \
 		--out results/which-loss
+
+## docs/which_loss.md's erratum of 2026-12-04 (exploratory): the planned tests on each rate cell
+## alone (the pilot's rate, the stress rate) beside both cells, from the committed grid records and
+## the pilot's rates in results/which-loss/; results/which-loss/sensitivity.md and .json (seconds)
+#: the second study's rate-cell sensitivity: results/which-loss/sensitivity.*
+study-which-loss-sensitivity: setup
+	$(BIN)/python -m studies.stability.sensitivity results/which-loss --out results/which-loss
 
 #: the second study's cross-check through TRL: results/which-loss/trl/
 ## docs/which_loss_plan.md's cross-check: gmpo compare --against on chain_sum at the pilot's rate for
