@@ -33,6 +33,8 @@ EXTEND = 2
 BUDGET_H = 8.0
 PILOT_SEEDS = (5900, 5901, 5902)
 GRID_SEEDS = tuple(range(6000, 6016))
+#: the seeds reserved for the real-model cross-check after the grid (descriptive)
+CROSS_CHECK_SEEDS = (6100, 6101, 6102)
 #: the timing runs' seed (used by the first study; no seed of this study) and learning rate
 TIMING: dict[str, Any] = {"seed": 0, "lr": 2e-3, "loss": "gmpo"}
 
