@@ -21,7 +21,14 @@ import torch
 
 from gmpo_variants import VARIANTS
 from gmpo_variants.trl_defaults import CISPO_CAP, DAPO_EPSILON, dapo_trl_loss
-from tests.trl._support import GRPOConfig, GRPOTrainer, loss_and_grad, make_inputs, make_trainer
+from tests.trl._support import (
+    GRPOConfig,
+    GRPOTrainer,
+    loss_and_grad,
+    make_inputs,
+    make_trainer,
+    variant_step,
+)
 
 pytestmark = pytest.mark.trl
 
@@ -29,23 +36,7 @@ pytestmark = pytest.mark.trl
 def _ours(trainer: Any, inputs: dict[str, Any], name: str) -> tuple[torch.Tensor, ...]:
     """The variant on the trainer's own log-probs: loss, clipped fraction, flat gradient,
     log-probs."""
-    model = trainer.model
-    model.train()
-    model.zero_grad(set_to_none=True)
-    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-    attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-    logps = trainer._get_per_token_logps_and_entropies(
-        model, ids, attn, inputs["completion_ids"].size(1)
-    )[0]
-    loss, clipped = VARIANTS[name](
-        logps, inputs["old_per_token_logps"], inputs["advantages"], inputs["completion_mask"]
-    )
-    loss.backward()
-    grad = torch.cat([
-        p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel())
-        for p in model.parameters() if p.requires_grad
-    ])  # fmt: skip
-    return loss.detach(), clipped, grad, logps.detach()
+    return variant_step(trainer, inputs, VARIANTS[name])
 
 
 def _inputs(trainer: Any, **spec: Any) -> dict[str, Any]:
