@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup train train-real figures-real-model test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-confirm-analysis study-confirm-reruns study-regime tasks-gym figures-vllm bench-env figures-liger study-which-loss-pilot study-which-loss study-which-loss-analysis study-which-loss-trl
+.PHONY: help setup train train-real figures-real-model test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-confirm-analysis study-confirm-reruns study-regime tasks-gym figures-vllm bench-env figures-liger study-which-loss-pilot study-which-loss study-which-loss-analysis study-which-loss-trl study-which-loss-sensitivity study-updates-timing study-updates-pilot study-updates study-updates-robustness study-updates-chain-sum study-updates-budget study-updates-analysis
 
 #: list every target with its one-line summary
 help:
@@ -65,12 +65,14 @@ bench: setup
 ## results/figures-study/ and results/figures-study-trl/: the first stability study, also through
 ## TRL's trainer; results/study-confirm/ and results/study-regime/: the confirmatory study;
 ## results/tasks-gym/: the reasoning-gym tasks' calibration; results/which-loss/: the second
-## study; results/first-run/; results/compat/ from `make compat`, results/vllm/ from `make vllm`)
+## study; results/updates/: the regime study (its timing here; its pilot and grid, once run, by
+## their own targets); results/first-run/; results/compat/ from `make compat`, results/vllm/ from `make vllm`)
 ## and docs/img/; many hours on two cores (the studies' grids most of them). Each step is a target of its own; add a page's
 ## commands as a new figures-* target, writing into results/<its name>/, and list it here.
 ## `make check-numbers` (and tests/repo/test_doc_numbers.py) checks the pages against the results.
 #: every results/ folder the pages quote, and docs/img/ (many hours)
-figures: figures-trl figures-lm-head figures-verl figures-bench figures-liger figures-real-model figures-study figures-study-trl first-run study-confirm study-confirm-reruns study-regime tasks-gym compat study-which-loss-pilot study-which-loss study-which-loss-trl
+figures: figures-trl figures-lm-head figures-verl figures-bench figures-liger figures-real-model figures-study figures-study-trl first-run study-confirm study-confirm-reruns study-regime tasks-gym compat study-which-loss-pilot study-which-loss study-which-loss-sensitivity study-which-loss-trl \
+	study-updates-timing
 	$(MAKE) vllm COMPAT_KEEP=1
 	$(MAKE) figures-vllm
 
@@ -413,6 +415,13 @@ study-which-loss-analysis: setup
 		[ -f runs/which-loss/$$t/summary.json ] && echo runs/which-loss/$$t; done) \
 		--out results/which-loss
 
+## docs/which_loss.md's erratum of 2026-12-04 (exploratory): the planned tests on each rate cell
+## alone (the pilot's rate, the stress rate) beside both cells, from the committed grid records and
+## the pilot's rates in results/which-loss/; results/which-loss/sensitivity.md and .json (seconds)
+#: the second study's rate-cell sensitivity: results/which-loss/sensitivity.*
+study-which-loss-sensitivity: setup
+	$(BIN)/python -m studies.stability.sensitivity results/which-loss --out results/which-loss
+
 #: the second study's cross-check through TRL: results/which-loss/trl/
 ## docs/which_loss_plan.md's cross-check: gmpo compare --against on chain_sum at the pilot's rate for
 ## chain_sum, seeds 4000-4004 (about 20 minutes of two cores); results/which-loss/trl/summary.md,
@@ -425,3 +434,49 @@ study-which-loss-trl: setup
 	mkdir -p results/which-loss/trl
 	cp runs/which-loss-trl/summary.md runs/which-loss-trl/summary.json results/which-loss/trl/
 	cp runs/which-loss-trl/compare.png docs/img/which_loss_trl.png
+
+## the regime study, docs/regime_plan.md (which fixes all of it, committed before its pilot): GMPO
+## against grpo and TRL's DAPO, GSPO and CISPO at 1, 2, 4 and 16 updates per generation batch,
+## each loss at its own learning rate, on reverse and spell_backward (chain_sum if the budget
+## allows). Every step is `python -m studies.stability.updates STEP`: it prints each sweep's
+## command before running it; runs under runs/updates/ (a rerun reuses every finished run),
+## results in results/updates/. Outside CI.
+UPDATES = $(BIN)/python -m studies.stability.updates
+#: the regime study's timing, one run a task and regime: results/updates/timing.*
+study-updates-timing: setup
+	$(UPDATES) timing
+
+## the pilot: every loss at every rate of the ladder on the pilot seeds, each task and regime,
+## extended past the ladder's edge where a pick sits on it; then the rule picks each loss's rate per
+## task and regime into results/updates/pilot/pilot.json (which the grid reads)
+#: the regime study's pilot and its rule: results/updates/pilot/
+study-updates-pilot: setup
+	$(UPDATES) pilot
+
+#: the regime study's grid at the pilot's rates (the primary cells), then its analysis
+study-updates: setup
+	$(UPDATES) grid
+	$(MAKE) study-updates-analysis
+
+#: the regime study's secondary cells, each loss at twice its rate, then the analysis
+study-updates-robustness: setup
+	$(UPDATES) grid --robustness
+	$(MAKE) study-updates-analysis
+
+#: the regime study's chain_sum (if the budget allows): pilot, grid, its robustness cells, analysis
+study-updates-chain-sum: setup
+	$(UPDATES) pilot --tasks chain_sum
+	$(UPDATES) grid --tasks chain_sum --robustness
+	$(MAKE) study-updates-analysis
+
+## the plan's budget rule, before each part after the first: the wall-clock the study's sweeps
+## spent so far and whether each part's estimate (results/updates/timing.json) still fits
+#: the regime study's budget: what was spent, and which part still fits
+study-updates-budget: setup
+	$(UPDATES) budget
+
+## the planned analysis from the sweeps under runs/updates/ (seconds): their summaries copied into
+## results/updates/<task>/u<updates>/, then results/updates/updates.md and .json
+#: the regime study's planned analysis: results/updates/updates.*
+study-updates-analysis: setup
+	$(UPDATES) analysis

@@ -6,6 +6,7 @@ Run from the repository root::
     python -m studies.stability --variants grpo_wide,gmpo --lr 5e-3 --seeds 0,1,2 \\
         --steps 100 --out runs/mine                       # any subset
     python -m studies.stability --quick --out runs/quick  # a smoke run (CI), under a minute
+    python -m studies.stability --cells gmpo=4e-3,grpo=2e-3 --out runs/own  # each its own rate
 
 A tiny causal transformer (``model.py``) learns a task of ``gmpo_tasks.catalog.TASKS``
 (``--task``; by default ``reverse``, a string of 16 digits): a supervised warm start on noisy
@@ -103,6 +104,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--setup", default="", help="comma list of key=value overrides of the run "
                    "setup (studies/stability/run.py Setup), e.g. beta2=0.99,tied=false")  # fmt: skip
     p.add_argument("--lr", help=f"comma list of learning rates (default {FULL['lr']})")
+    p.add_argument("--cells", help="comma list of variant=lr: run these pairs only, each variant "
+                   "at its own learning rates (instead of --variants x --lr)")  # fmt: skip
     p.add_argument("--grad-clip", help="comma list of max gradient norms (> 0), 'none' for no "
                    f"clipping (default {FULL['grad_clip']})")  # fmt: skip
     p.add_argument("--seeds", help=f"comma list (default {FULL['seeds']})")
@@ -116,11 +119,20 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    "clipping if the grid has it (default 5e-3)")  # fmt: skip
     p.add_argument("--fresh", action="store_true", help="recompute cached runs too")
     args = p.parse_args(argv)
+    if args.cells is not None and (args.variants is not None or args.lr is not None):
+        p.error("--cells: names each variant's learning rates; give it without --variants/--lr")
     try:  # a task's extra (reasoning-gym's tasks), before any work
         check_available(TASKS[args.task])
     except ValueError as e:
         p.error(f"--task {args.task}: {e}")
     grid = QUICK if args.quick else FULL
+    try:
+        args.cells = None if args.cells is None else cells(args.cells)
+    except ValueError as e:
+        p.error(str(e))
+    if args.cells is not None:
+        args.variants = ",".join(dict.fromkeys(v for v, _ in args.cells))
+        args.lr = ",".join(dict.fromkeys(repr(lr) for _, lr in args.cells))
     for key in ("variants", "lr", "grad_clip", "seeds", "steps"):
         if getattr(args, key) is None:
             setattr(args, key, grid[key])
@@ -143,6 +155,21 @@ def parse(argv: list[str]) -> argparse.Namespace:
     except (TypeError, ValueError) as e:
         p.error(str(e) if str(e).startswith("--setup") else f"--setup: {e}")
     return args
+
+
+def cells(text: str) -> list[tuple[str, float]]:
+    """``variant=lr,...`` as distinct (variant, learning rate) pairs; a ValueError names the bad
+    one."""
+    out: list[tuple[str, float]] = []
+    for item in (x.strip() for x in text.split(",")):
+        name, sep, lr = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"--cells: {item!r} is not variant=lr")
+        pair = (name.strip(), _item("--cells", lr, "lr"))
+        if pair in out:
+            raise ValueError(f"--cells: {item} given twice; each pair once")
+        out.append(pair)
+    return out
 
 
 def setup_overrides(text: str) -> dict[str, Any]:

@@ -230,9 +230,11 @@ def _sweep(
     meta = {s: p.with_suffix(".json") for s, p in paths.items()}
     warm = {s: None if args.fresh or not paths[s].exists() else read_json(meta[s])
             for s in args.seeds}  # fmt: skip
-    # learning-rate major, in the order given: a sweep cut short has whole learning rates
+    # learning-rate major, in the order given: a sweep cut short has whole learning rates;
+    # with ``args.cells`` (--cells), only those (variant, learning rate) pairs
+    pairs = getattr(args, "cells", None)
     jobs = [(m, lr, c, s) for lr in args.lr for c in args.grad_clip for s in args.seeds
-            for m in args.variants]  # fmt: skip
+            for m in args.variants if pairs is None or (m, lr) in pairs]  # fmt: skip
     prints = {v: fingerprint(v) for v in args.variants}
     keys = {j: run_key(j, sdict, code, prints) for j in jobs}
     cache = {j: args.out / "runs" / f"{run_name(*j)}_{digest(keys[j])[:16]}.json" for j in jobs}

@@ -125,6 +125,11 @@ REFUSED = {  # id: (arguments, the option the refusal names)
     "setup minibatches > batch": (["--setup", "minibatches=999"], "--setup"),
     "setup warm_steps -1": (["--setup", "warm_steps=-1"], "--setup"),
     "setup length 0": (["--setup", "length=0"], "--setup"),
+    "cells no lr": (["--cells", "gmpo"], "--cells"),
+    "cells bad lr": (["--cells", "gmpo=0"], "--cells"),
+    "cells twice": (["--cells", "gmpo=1e-3,gmpo=1e-3"], "--cells"),
+    "cells with lr": (["--cells", "gmpo=1e-3", "--lr", "1e-3"], "--cells"),
+    "cells unknown variant": (["--cells", "gmpo_wider=1e-3"], "--variants"),
 }  # fmt: skip
 
 
@@ -178,6 +183,24 @@ def test_learning_rates_that_differ_past_6_digits_are_two_runs(
     runs, _, _ = stability.sweep(args, Setup(steps=1))
     assert [res["curves"]["reward"] for _, res in runs] == [[1e-3], [LR2]]
     assert sorted(fake_sweep) == [("gmpo", 1e-3), ("gmpo", LR2)]
+
+
+def test_cells_run_each_variant_at_its_own_rates_only(
+    tmp_path: Path, fake_sweep: list[tuple[str, float]]
+) -> None:
+    """--cells runs the pairs it names, not the product of their variants and rates; a later
+    invocation with more pairs reuses the runs it shares and its summary holds them all."""
+    argv = ["--grad-clip", "none", "--seeds", "0,1", "--out", str(tmp_path)]
+    args = stability.parse(["--cells", "gmpo=2e-3,grpo=1e-3", *argv])
+    assert (args.variants, args.lr) == (["gmpo", "grpo"], [2e-3, 1e-3])
+    runs, _, _ = stability.sweep(args, Setup(steps=1))
+    assert [(j[0], j[1], j[3]) for j, _ in runs] == [
+        ("gmpo", 2e-3, 0), ("gmpo", 2e-3, 1), ("grpo", 1e-3, 0), ("grpo", 1e-3, 1)]  # fmt: skip
+    fake_sweep.clear()
+    more = stability.parse(["--cells", "gmpo=2e-3,grpo=1e-3,grpo=2e-3", *argv])
+    runs, _, _ = stability.sweep(more, Setup(steps=1))
+    assert sorted(fake_sweep) == [("grpo", 2e-3), ("grpo", 2e-3)]  # the new pair only
+    assert len(runs) == 6
 
 
 # Regression (CHANGELOG, 0.2): the run cache was keyed by the method's name, so a rerun

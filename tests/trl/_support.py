@@ -122,6 +122,32 @@ def loss_and_grad(
     return loss.detach(), torch.cat(grads)
 
 
+def variant_step(
+    trainer: Any, inputs: dict[str, Any], loss_fn: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A variant's loss on the trainer's own log-probs in train mode, as TRL's loss step sees
+    them: ``loss_fn(logps, old_per_token_logps, advantages, completion_mask)`` -> (loss,
+    clipped); returns the loss, the clipped fraction, the flat gradient and the log-probs."""
+    model = trainer.model
+    model.train()
+    model.zero_grad(set_to_none=True)
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    logps = trainer._get_per_token_logps_and_entropies(
+        model, ids, attn, inputs["completion_ids"].size(1)
+    )[0]
+    loss, clipped = loss_fn(
+        logps, inputs["old_per_token_logps"], inputs["advantages"], inputs["completion_mask"]
+    )
+    loss.backward()
+    grads = [
+        p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel())
+        for p in model.parameters()
+        if p.requires_grad
+    ]
+    return loss.detach(), clipped, torch.cat(grads), logps.detach()
+
+
 def last_metrics(trainer: Any, mode: str = "train") -> dict[str, float]:
     """The last value of every metric the loss step logged."""
     return {k: v[-1] for k, v in trainer._metrics[mode].items() if v}
@@ -136,6 +162,7 @@ __all__ = [
     "make_inputs",
     "make_trainer",
     "model_logps",
+    "variant_step",
 ]
 
 
