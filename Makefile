@@ -155,7 +155,7 @@ figures-liger: bench-env
 ## About an hour and a half on two cores.
 #: the real model's calibration and training runs: results/real-model/
 figures-real-model: setup
-	$(BIN)/python -m studies.real_model.calibrate --out results/real-model
+	$(BIN)/python -m studies.real_model.untrained --out results/real-model
 	$(BIN)/python -m studies.real_model.seeds --task chat_chain_sum --seeds 0,1,2 \
 		--out results/real-model --figure docs/img/real_model_reward.png
 

@@ -301,14 +301,17 @@ def test_compare_parses_once_into_the_configs_it_built_parsing_twice(tmp_path):
 
 def test_a_model_named_in_the_config_file_is_not_the_toy_run(tmp_path):
     """--model in the YAML file counts as --model: the toy run's settings (learning rate 5e-3,
-    150 steps...) do not apply (before the single parse only the command line's --model did)."""
+    150 steps...) do not apply (before the single parse only the command line's --model did);
+    the first chat task's do, as with --model on the command line."""
+    from gmpo_tasks.catalog import TASKS
     from gmpo_trl.cli.parsing import parse
 
     (tmp_path / "run.yaml").write_text(f"model: {tmp_path}\nmax_steps: 4\n")
     toy = parse("train", ["--output_dir", str(tmp_path / "out")])
     named = parse("train", ["--config", str(tmp_path / "run.yaml"), "--output_dir", str(tmp_path)])
     assert toy.script.model is None and toy.defaults["learning_rate"] == 5e-3
-    assert named.script.model == str(tmp_path) and "learning_rate" not in named.defaults
+    assert named.script.model == str(tmp_path) and named.script.task == "chat_chain_sum"
+    assert named.defaults["learning_rate"] == TASKS["chat_chain_sum"].settings.lr
     assert named.values["max_steps"] == 4
 
 

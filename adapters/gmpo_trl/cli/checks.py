@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gmpo_tasks.catalog import TASKS, get_task
+from gmpo_tasks.catalog import get_task
 from gmpo_tasks.task import Task
 from gmpo_trl.cli.comparators import COMPARATORS
 from gmpo_trl.cli.errors import CLIError
@@ -43,60 +43,6 @@ def check_model(spec: str) -> None:
             raise CLIError(f"--model {spec!r}: not a model directory (no config.json); {accepted}")
     elif _is_path_like(spec):
         raise CLIError(f"--model {spec!r}: no such directory; {accepted}")
-
-
-def resolve_model(script: Any, task: Task) -> str | None:
-    """The model a run trains: ``--model``, else the task's own pretrained model (None: the
-    task's tiny model). A packaged model's name (``gmpo_tasks.pretrained.MODELS``) resolves to
-    its local directory, converted on first use; a chat task on the task's own prompts needs a
-    model with a chat template."""
-    from gmpo_tasks import pretrained
-
-    spec = script.model if script.model is not None else task.model_name
-    if spec is None:
-        return None
-    where = "--model" if script.model is not None else f"the {task.name} task's model"
-    if spec in pretrained.MODELS:
-        try:
-            return pretrained.resolve(spec)
-        except ValueError as err:
-            raise CLIError(f"{where} {spec}: {err}") from err
-    if task.model_name is not None and script.dataset is None:
-        check_chat_template(spec, task)
-    return str(spec)
-
-
-def check_chat_template(spec: str, task: Task) -> None:
-    """A local model directory that a chat task's prompts are rendered by holds a chat template
-    (``chat_template.jinja``, or ``chat_template`` in ``tokenizer_config.json``); a hub id is
-    the hub's to check."""
-    import json
-
-    path = Path(spec).expanduser()
-    if not path.is_dir():
-        return
-    config = path / "tokenizer_config.json"
-    found = (path / "chat_template.jinja").is_file() or (
-        config.is_file() and "chat_template" in json.loads(config.read_text())
-    )
-    if not found:
-        raise CLIError(
-            f"--model {spec!r}: the {task.name} task's prompts are chat messages, and this model "
-            "has no chat template; give a chat model, --dataset with plain prompts, or --task "
-            "successor (the toy task)"
-        )
-
-
-def check_format_reward(task: Task, script: Any) -> Callable[..., Any]:
-    """``--format_reward``: a chat task's format reward, on the task's own prompts."""
-    fn = getattr(task, "format_reward", None)
-    if fn is None or script.dataset is not None:
-        chat = [name for name, t in TASKS.items() if getattr(t, "format_reward", None)]
-        raise CLIError(
-            "--format_reward is a chat task's answer format, on its own prompts: give --task "
-            f"{' or '.join(chat)} without --dataset"
-        )
-    return fn  # type: ignore[no-any-return]
 
 
 _DATA_KINDS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}

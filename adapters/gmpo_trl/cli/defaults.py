@@ -34,31 +34,21 @@ MODEL_DEFAULTS: dict[str, Any] = {
 #: no TRL import (seconds); tests/trl/test_cli_outputs.py checks each default against them.
 COMMON_TRL_OPTIONS: dict[str, tuple[str, Any, str]] = {
     "output_dir": ("DIR", None, "Where metrics, plots and the model go."),
-    "learning_rate": ("LR", 1e-05, "AdamW learning rate (TRL's default: 1e-6)."),
-    "max_steps": ("N", -1, "Optimizer steps (-1: num_train_epochs passes over the dataset)."),
+    "learning_rate": ("LR", 1e-05, "AdamW learning rate (TRL's: 1e-6)."),
+    "max_steps": ("N", -1, "Optimizer steps (-1: num_train_epochs passes)."),
     "num_train_epochs": ("N", 3.0, "Passes over the dataset when max_steps is -1."),
     "per_device_train_batch_size": ("N", 8, "Completions per device per micro-batch."),
     "gradient_accumulation_steps": ("N", 1, "Micro-batches per optimizer step."),
     "num_generations": ("N", 8, "Completions per prompt (the group of GRPO's advantages)."),
     "max_completion_length": ("N", 512, "Longest completion, in tokens."),
-    "num_iterations": (
-        "N",
-        2,
-        "Passes over each generated batch (> 1: off-policy updates, where "
-        "GMPO's clip acts; TRL's default: 1).",
-    ),
-    "beta": ("B", 0.0, "KL coefficient to the reference model (0: no reference model)."),
+    "num_iterations": ("N", 2, "Passes over each generation (> 1: off-policy, GMPO's clip acts)."),
+    "beta": ("B", 0.0, "KL coefficient (0: no reference model)."),
     "seed": ("N", 42, "Random seed."),
     "bf16": ("BOOL", None, "bfloat16 mixed precision. Default: true on a GPU, false on CPU."),
     "use_cpu": ("BOOL", None, "Train on the CPU. Default: false; true when no GPU is found."),
     "use_vllm": ("BOOL", False, "Generate with vLLM, on a GPU or the CPU (docs/vllm.md)."),
-    "logging_steps": ("N", 1, "Log (metrics.jsonl, progress bar) every N optimizer steps."),
-    "save_strategy": (
-        "S",
-        "no",
-        "Checkpoints: 'no', or 'steps' (every --save_steps) or "
-        "'epoch' (each holds the optimizer state: 1 GB for a 135M model).",
-    ),
+    "logging_steps": ("N", 1, "Log every N optimizer steps."),
+    "save_strategy": ("S", "no", "Checkpoints ('steps': every --save_steps; 1 GB a 135M model)."),
 }
 
 #: compare: off-policy passes (num_iterations > 1) also on the toy run

@@ -88,11 +88,8 @@ def short_help(command: str) -> str:
         textwrap.fill(t)
         for t in (
             "Every GMPOConfig field is an option (--help-all).",
-            "Without --model, the built-in toy run: a 2-layer Qwen2-style model with random "
-            "weights and a character tokenizer on the successor task (prompt 'd=', reward 1 "
-            f"when the completion starts with (d + 1) % 10), with {toy_text} and the [toy: X] "
-            "values above. None of these "
-            "applies when --model is given.",
+            "Without --model (and --task), the toy run: a tiny Qwen2-style model on the "
+            f"successor task ('d=' -> (d + 1) % 10), with {toy_text} and the [toy: X] values.",
         )
     )
     return parser.format_help()

@@ -24,7 +24,6 @@ from gmpo_tasks.task import Task
 from gmpo_trl.cli.callbacks import json_lines, quiet_progress_bar
 from gmpo_trl.cli.checks import (
     check_counts,
-    check_format_reward,
     check_inputs,
     check_resume,
     check_run,
@@ -32,10 +31,10 @@ from gmpo_trl.cli.checks import (
     check_task_lengths,
     check_vllm,
     load_dataset,
-    resolve_model,
 )
 from gmpo_trl.cli.errors import CLIError, Interrupted
 from gmpo_trl.cli.held_out import SAMPLES, held_out_reward
+from gmpo_trl.cli.model_checks import check_format_reward, resolve_model
 from gmpo_trl.cli.plots import log_clip_range, plot_training
 from gmpo_trl.cli.reports import read_metrics, run_summary, summary_line, summary_markdown
 

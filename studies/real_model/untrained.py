@@ -1,6 +1,6 @@
 """The untrained model's reward on each chat task, on the calibration seeds only.
 
-    python -m studies.real_model.calibrate --out results/real-model
+    python -m studies.real_model.untrained --out results/real-model
 
 A chat task's reward must start where a run can move it: the untrained model's mean reward on
 the task's prompts between 0.05 and 0.6 (:data:`BAND`). Measured on the prompts of the
@@ -69,7 +69,7 @@ def report(rows: list[dict[str, Any]], about: dict[str, Any]) -> str:
     lines = [
         "# The chat tasks' calibration: the untrained model's reward",
         "",
-        f"`python -m studies.real_model.calibrate`. {header(about)} Band: every calibration "
+        f"`python -m studies.real_model.untrained`. {header(about)} Band: every calibration "
         f"seed's mean reward in [{BAND[0]}, {BAND[1]}].",
         "",
         "| task | model | seed 900 | seed 901 | seed 902 | mean | right (mean) | in band | "
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     from gmpo_tasks.catalog import TASKS
 
     chat = [name for name, t in TASKS.items() if t.model_name is not None]
-    p = argparse.ArgumentParser(prog="python -m studies.real_model.calibrate")
+    p = argparse.ArgumentParser(prog="python -m studies.real_model.untrained")
     p.add_argument("--tasks", default=",".join(chat), help="comma-separated chat tasks")
     p.add_argument("--prompts", type=int, default=PROMPTS)
     p.add_argument("--samples", type=int, default=SAMPLES)
