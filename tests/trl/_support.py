@@ -123,11 +123,12 @@ def loss_and_grad(
 
 
 def variant_step(
-    trainer: Any, inputs: dict[str, Any], loss_fn: Any
+    trainer: Any, inputs: dict[str, Any], loss_fn: Any, minus: Any = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A variant's loss on the trainer's own log-probs in train mode, as TRL's loss step sees
     them: ``loss_fn(logps, old_per_token_logps, advantages, completion_mask)`` -> (loss,
-    clipped); returns the loss, the clipped fraction, the flat gradient and the log-probs."""
+    clipped); returns the loss, the clipped fraction, the flat gradient and the log-probs.
+    ``minus(logps)``: a stated difference subtracted from the loss before the backward pass."""
     model = trainer.model
     model.train()
     model.zero_grad(set_to_none=True)
@@ -139,6 +140,8 @@ def variant_step(
     loss, clipped = loss_fn(
         logps, inputs["old_per_token_logps"], inputs["advantages"], inputs["completion_mask"]
     )
+    if minus is not None:
+        loss = loss - minus(logps)
     loss.backward()
     grads = [
         p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel())

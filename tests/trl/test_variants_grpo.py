@@ -18,7 +18,14 @@ pytest.importorskip("trl")
 import torch
 
 from gmpo_variants import VARIANTS
-from tests.trl._support import GRPOConfig, GRPOTrainer, loss_and_grad, make_inputs, make_trainer
+from tests.trl._support import (
+    GRPOConfig,
+    GRPOTrainer,
+    loss_and_grad,
+    make_inputs,
+    make_trainer,
+    variant_step,
+)
 
 pytestmark = pytest.mark.trl
 
@@ -36,18 +43,7 @@ def test_study_grpo_is_trl_grpo(tmp_path: Path, variant: str) -> None:
     inputs = make_inputs(trainer, seed=1, rows=8, length=6, drift=0.5, zero_advantage=True)
     trl_loss, trl_grad = loss_and_grad(trainer, inputs)
 
-    model = trainer.model
-    model.zero_grad(set_to_none=True)
-    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-    attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-    logps = trainer._get_per_token_logps_and_entropies(
-        model, ids, attn, inputs["completion_ids"].size(1)
-    )[0]
-    loss, clipped = VARIANTS[variant].loss(
-        logps, inputs["old_per_token_logps"], inputs["advantages"], inputs["completion_mask"]
-    )
-    loss.backward()
-    grad = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.requires_grad])
+    loss, clipped, grad, logps = variant_step(trainer, inputs, VARIANTS[variant].loss)
 
     assert float(clipped) > 0  # the drift makes the clip act, so the bounds are compared too
     torch.testing.assert_close(loss.detach(), trl_loss, rtol=1e-5, atol=1e-7)

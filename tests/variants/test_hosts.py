@@ -182,13 +182,6 @@ def _inputs(trl: ModuleType, trainer: Any, **spec: Any) -> dict[str, Any]:
     return inputs
 
 
-def _flat_grad(model: Any) -> torch.Tensor:
-    return torch.cat([
-        p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel())
-        for p in model.parameters() if p.requires_grad
-    ])  # fmt: skip
-
-
 def _ours(
     trainer: Any,
     inputs: dict[str, Any],
@@ -196,23 +189,10 @@ def _ours(
     minus: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The variant on the trainer's own log-probs (train mode, as TRL's loss step): loss,
-    clipped fraction, the flat gradient and the log-probs. ``minus(logps)``: a stated difference
-    subtracted from the loss before the backward pass."""
-    model = trainer.model
-    model.train()
-    model.zero_grad(set_to_none=True)
-    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
-    attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
-    logps = trainer._get_per_token_logps_and_entropies(
-        model, ids, attn, inputs["completion_ids"].size(1)
-    )[0]
-    loss, clipped = VARIANTS[name](
-        logps, inputs["old_per_token_logps"], inputs["advantages"], inputs["completion_mask"]
-    )
-    if minus is not None:
-        loss = loss - minus(logps)
-    loss.backward()
-    return loss.detach(), clipped, _flat_grad(model), logps.detach()
+    clipped fraction, the flat gradient and the log-probs (``variant_step``)."""
+    from tests.trl._support import variant_step
+
+    return variant_step(trainer, inputs, VARIANTS[name], minus)
 
 
 def _assert_same(ours: tuple[torch.Tensor, ...], theirs: tuple[torch.Tensor, ...]) -> None:
