@@ -315,6 +315,34 @@ def test_a_model_named_in_the_config_file_is_not_the_toy_run(tmp_path):
     assert named.values["max_steps"] == 4
 
 
+def test_own_model_dataset_and_reward_need_no_reasoning_gym(tmp_path, monkeypatch, capsys):
+    """--model with --dataset and --reward trains the user's data: the default task is not the
+    chat task (which needs reasoning-gym), so a machine without reasoning-gym runs it (before,
+    every --model run without --task defaulted to chat_chain_sum and was refused there). Without
+    --dataset the chat task is the default, and its refusal says why it was chosen."""
+    import importlib.util
+
+    from gmpo_trl.cli.parsing import parse
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "reasoning_gym" else real_find_spec(name, *a),
+    )
+    (tmp_path / "d.jsonl").write_text('{"prompt": "1 2"}\n')
+    own = ["--model", str(tmp_path), "--dataset", str(tmp_path / "d.jsonl"),
+           "--output_dir", str(tmp_path / "out")]  # fmt: skip
+    assert parse("train", own).script.task == "successor"
+    assert main(["train", "--model", str(tmp_path), "--output_dir", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "gmpo train: error: the chat_chain_sum task needs reasoning-gym, which is not installed: "
+        "pip install 'gmpo[gym]' (--model without --task or --dataset trains the chat_chain_sum "
+        "task; give --task or --dataset and --reward for another)"
+    ]
+
+
 def test_compare_gmpo_only_options_reach_gmpo_only(tmp_path):
     """``gmpo_impl`` and ``gmpo_lm_head`` (command line or YAML) configure GMPO; GRPO's config
     has no such fields and keeps GRPOConfig's own defaults for the fields GMPO redefines."""

@@ -91,7 +91,12 @@ def test_vllm_not_installed_refused(tmp_path, monkeypatch, no_engine):
     ("extra", "match"),
     [
         (["--vllm_mode", "server"], "vllm_mode='server' needs CUDA"),
-        (["--model", "MODEL8"], "its head_dim is 8 (hidden_size 32 / num_attention_heads 4)"),
+        # the toy task on the user's model (--model alone trains a chat task, which needs
+        # reasoning-gym and a chat template, both checked before vLLM's head_dim)
+        (
+            ["--model", "MODEL8", "--task", "successor"],
+            "its head_dim is 8 (hidden_size 32 / num_attention_heads 4)",
+        ),
     ],
     ids=["server", "head_dim"],
 )

@@ -70,7 +70,8 @@ def run_python(code: str) -> subprocess.CompletedProcess[str]:
 def test_refusal_is_one_line_before_vllm_is_imported(tmp_path, command):
     pytest.importorskip("vllm")
     path = saved_qwen2(tmp_path / "m", hidden_size=32, num_attention_heads=4)
-    argv = [command, "--use_vllm", "true", "--model", str(path), "--output_dir", str(tmp_path)]
+    argv = [command, "--use_vllm", "true", "--model", str(path), "--task", "successor",
+            "--output_dir", str(tmp_path)]  # fmt: skip
     done = run_python(f"import sys; from gmpo_trl.cli import main; rc = main({argv!r}); "
                       "print(rc, 'vllm' in sys.modules)")  # fmt: skip
     assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gmpo_tasks.catalog import TASKS, get_task
+from gmpo_tasks.catalog import TASKS, check_available, get_task
 from gmpo_trl.cli.errors import CLIError
 
 #: What a run on a pretrained model (``--model``, or a chat task's own) gets where TRL's
@@ -71,12 +71,25 @@ def _task(name: str) -> Any:
         raise CLIError(str(err)) from err
 
 
-def default_task(model: str | None) -> str:
+def default_task(model: str | None, dataset: str | None = None) -> str:
     """The task of a run that names none: the first chat task with ``--model`` (a pretrained
-    model), else the first (the toy run)."""
-    if model is not None:
+    model) and no ``--dataset``, else the first (the toy run; with a dataset, only its reward is
+    used where ``--reward`` is not given, and it needs no extra)."""
+    if model is not None and dataset is None:
         return next(name for name, task in TASKS.items() if task.model_name is not None)
     return next(iter(TASKS))
+
+
+def check_default_task(name: str) -> None:
+    """The task a run was given by :func:`default_task` is installed; else one line that says
+    why it was chosen and how to choose another."""
+    try:
+        check_available(TASKS[name])
+    except ValueError as err:
+        raise CLIError(
+            f"{err} (--model without --task or --dataset trains the {name} task; give --task "
+            "or --dataset and --reward for another)"
+        ) from err
 
 
 def toy_settings(command: str) -> dict[str, Any]:
@@ -118,7 +131,7 @@ def run_defaults(
     base: dict[str, Any] = {"output_dir": out, "report_to": []}
     if not has_accelerator():
         base.update(use_cpu=True, bf16=False)
-    chosen = _task(task or default_task(model))
+    chosen = _task(task or default_task(model, dataset))
     pretrained = model is not None or chosen.model_name is not None
     if pretrained:
         base.update(MODEL_DEFAULTS)

@@ -16,7 +16,7 @@ import os
 from typing import Any, NoReturn
 
 from gmpo_trl.cli.commands import COMMANDS
-from gmpo_trl.cli.defaults import default_task, run_defaults
+from gmpo_trl.cli.defaults import check_default_task, default_task, run_defaults
 from gmpo_trl.cli.errors import CLIError
 from gmpo_trl.cli.runs import Parsed
 
@@ -143,7 +143,8 @@ def parse(command: str, argv: list[str]) -> Parsed:
     except (ValueError, TypeError) as err:
         raise CLIError(str(err).splitlines()[0]) from err
     if "task" not in values:  # with --model, the first chat task (defaults.default_task)
-        script = dataclasses.replace(script, task=default_task(script.model))
+        script = dataclasses.replace(script, task=default_task(script.model, script.dataset))
+        check_default_task(script.task)
     config_values = {k: v for k, v in values.items() if k not in own}
     defaults = run_defaults(
         command,
