@@ -18,7 +18,7 @@ def _task_help() -> str:
         "The built-in task, for what --model, --dataset or --reward does not name: "
         f"{', '.join(tiny)} (a tiny model of their own: docs/tasks.md; {tiny[0]} is the toy run), "
         f"{', '.join(chat)} (a chat model, {TASKS[chat[0]].model_name} unless --model: "
-        f"docs/real_model.md). Default: {tiny[0]}; with --model, {chat[0]}. "
+        f"docs/real_model.md). Default: {tiny[0]}; with --model and no --dataset, {chat[0]}. "
         f"{', '.join(gym)} need reasoning-gym (gmpo[gym])."
     )
 

@@ -142,7 +142,7 @@ def parse(command: str, argv: list[str]) -> Parsed:
         script = script_cls(**{k: v for k, v in values.items() if k in own})
     except (ValueError, TypeError) as err:
         raise CLIError(str(err).splitlines()[0]) from err
-    if "task" not in values:  # with --model, the first chat task (defaults.default_task)
+    if "task" not in values:  # with --model and no --dataset, a chat task (default_task)
         script = dataclasses.replace(script, task=default_task(script.model, script.dataset))
         check_default_task(script.task)
     config_values = {k: v for k, v in values.items() if k not in own}
