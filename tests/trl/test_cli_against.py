@@ -153,8 +153,8 @@ def test_a_run_fails_below_its_warm_start_or_when_it_collapses():
     ("argv", "message"),
     [
         (["--against", "dapo,ppo"],
-         "--against: unknown loss 'ppo' (choose from grpo, dapo, gspo, cispo, sapo)"),
-        (["--against", "dapo,dapo"], "--against: give each loss once, from grpo, dapo, gspo"),
+         "--against: unknown loss 'ppo' (choose from grpo, dapo, dapo_trl, gspo, cispo, sapo)"),
+        (["--against", "dapo,dapo"], "--against: give each loss once, from grpo, dapo, dapo_trl, gspo"),
         (["--against", "dapo", "--grpo_epsilon", "0.1"],
          "--grpo_epsilon is GRPO's clip: add grpo to --against, or leave it out"),
         (["--config", "against.yaml"], "--against: unknown loss 'ppo' (choose from grpo, dapo"),
@@ -181,21 +181,24 @@ def test_each_loss_type_gets_its_documented_settings(tmp_path):
 
     from gmpo_trl.cli.compare import compare_plan
 
-    argv = ["--against", "dapo,gspo,cispo,sapo,grpo", "--grpo_epsilon", "0.1", "--variant",
+    argv = ["--against", "dapo,dapo_trl,gspo,cispo,sapo,grpo", "--grpo_epsilon", "0.1", "--variant",
             "gmpo_narrow", "--learning_rate", "0.01", "--output_dir", str(tmp_path)]  # fmt: skip
     plan = compare_plan(parse("compare", argv))
     got = {name: c for name, c in plan.comparators.items()}
-    assert list(got) == ["dapo", "gspo", "cispo", "sapo", "grpo"]
+    assert list(got) == ["dapo", "dapo_trl", "gspo", "cispo", "sapo", "grpo"]
     assert all(type(c) is GRPOConfig for c in got.values())
     loss = ("loss_type", "importance_sampling_level", "epsilon", "epsilon_high")
     assert {n: tuple(getattr(c, k) for k in loss) for n, c in got.items()} == {
         "dapo": ("dapo", "token", 0.2, 0.28),
+        "dapo_trl": ("dapo", "token", 0.2, None),  # TRL's default loss: epsilon_high unset
         "gspo": ("grpo", "sequence", 3e-4, 4e-4),
         "cispo": ("cispo", "token", 0.2, 5.0),
         "sapo": ("sapo", "token", 0.2, None),
         "grpo": ("grpo", "token", 0.1, None),
     }
     trl_defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    assert (trl_defaults["loss_type"], trl_defaults["epsilon"], trl_defaults["epsilon_high"]) == (
+        "dapo", 0.2, None)  # fmt: skip
     for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
         assert getattr(got["sapo"], name) == trl_defaults[name]
     assert (trl_defaults["sapo_temperature_pos"], trl_defaults["sapo_temperature_neg"]) == (1, 1.05)

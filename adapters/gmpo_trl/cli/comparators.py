@@ -35,6 +35,12 @@ COMPARATORS: dict[str, Comparator] = {
         "the DAPO paper's clip-higher (arXiv 2503.14476, Sec. 4.1), as TRL's paper index and "
         "its epsilon_high documentation give it; no delta (TRL's default: no dual clip)",
     ),
+    "dapo_trl": Comparator(
+        "DAPO_TRL",
+        {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": None},
+        "TRL's default loss: GRPOConfig's loss_type='dapo' at its default epsilon 0.2, "
+        "epsilon_high unset (so 0.2), no delta",
+    ),
     "gspo": Comparator(
         "GSPO",
         {
