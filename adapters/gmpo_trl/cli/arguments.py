@@ -89,7 +89,7 @@ class CompareArguments(ScriptArguments):
     against: str = field(
         default=DEFAULT_AGAINST,
         metadata={
-            "help": f"Losses to train beside GMPO, comma-separated: {', '.join(COMPARATORS)}, "
-            "each by TRL's GRPOTrainer (settings: docs/losses.md)."
+            "help": f"Losses beside GMPO, comma-separated: {', '.join(COMPARATORS)}, each by "
+            "TRL's GRPOTrainer (docs/losses.md)."
         },
     )
