@@ -1,18 +1,29 @@
-"""verl's trainer on CPU, for ``smoke_test_cpu.sh``, ``tests/verl/test_main_ppo.py`` and
-``verl_cpu/figures.py`` alike: the files a user would bring to
-``python -m verl.trainer.main_ppo`` (a tiny Qwen2 model, its tokenizer, parquet data, a reward
+"""verl's trainer on CPU, for ``smoke_test_cpu.sh``, ``tests/verl/test_main_ppo.py``,
+``tests/verl/test_main_ppo_real.py`` and ``verl_cpu/figures.py`` alike: the files a user would
+bring to ``python -m verl.trainer.main_ppo`` (a model, its tokenizer, parquet data, a reward
 function file), the CPU overrides, and a parser for the trainer's console step lines.
 
 Also a command line for ``examples/verl/smoke_test_cpu.sh``: ``python -m verl_cpu.e2e
-prepare DIR | smoke-overrides | cpu-overrides | env``.
+prepare DIR [MODEL] | smoke-overrides [STEPS [tiny|real]] | cpu-overrides | env``.
 
-The task is ``successor``'s (``gmpo_tasks.successor``): the prompt is ``d=``, the answer ``d+1 mod 10``.
-The reward is dense enough (a share of digit characters besides the exact answer) that GRPO's
-advantages are not all zero on a random model.
+Two setups, the same functions (:func:`prepare` with or without ``model``, the :class:`Sizes`
+of each):
+
+- the tiny one (:data:`TINY`, the default): a tiny Qwen2 model with random weights built here,
+  its character tokenizer, and ``successor``'s task (``gmpo_tasks.successor``): the prompt is
+  ``d=``, the answer ``d+1 mod 10``. The reward is dense enough (a share of digit characters
+  besides the exact answer) that GRPO's advantages are not all zero on a random model.
+- a real model (:data:`REAL`): a local model directory with a chat template (SmolLM2-135M-Instruct,
+  ``gmpo_tasks.pretrained``), its own tokenizer, and ``chat_chain_sum``'s chat prompts
+  (``gmpo_tasks.chat_chain_sum``: reasoning-gym's ``chain_sum`` questions as user messages),
+  scored by that task's reward (reasoning-gym's ``score_answer`` of the reply's last integer)
+  with a closeness term for a wrong integer, at lengths and batch sizes that two CPU cores run
+  in minutes.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -20,6 +31,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +57,59 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
     exact = float(text[:1] == ground_truth)
     return exact + sum(c.isdigit() for c in text) / max(len(text), 1)
 '''
+# the real model's reward: chat_chain_sum's own (gmpo_tasks.chat), the gym's entry in extra_info,
+# and a closeness term that makes it dense enough for groups of 4 (see REAL)
+REAL_REWARD_FILE = '''\
+import json
+
+from gmpo_tasks.chat_chain_sum import TASK
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """reasoning-gym's score_answer of the reply's last integer against the question's entry
+    (1.0 for the answer, partial credit for a number that contains it: chat_chain_sum's reward),
+    or, where higher, 0.5 / (1 + |integer - answer|) for a wrong integer; 0 without one."""
+    entry = json.loads(extra_info["entry"])
+    if str(entry["answer"]) != str(ground_truth):
+        raise ValueError(f"the entry's answer {entry['answer']!r} is not {ground_truth!r}")
+    answer = TASK.extract(solution_str)
+    if not answer:
+        return 0.0
+    closeness = 0.5 / (1 + abs(int(answer) - int(ground_truth)))
+    return max(TASK.score(answer, entry), closeness)
+'''
 PROMPT_LENGTH, RESPONSE_LENGTH = 32, 8
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """A setup's lengths, learning rate and batch: ``batch`` prompts a step, ``n`` rollouts
+    each, updated in mini-batches of ``mini_batch`` prompts for ``epochs`` passes (every
+    mini-batch after the first is off-policy)."""
+
+    prompt_length: int
+    response_length: int
+    lr: float
+    batch: int
+    n: int
+    mini_batch: int
+    epochs: int
+    micro_batch: int  # sequences per micro-batch of the update
+    log_prob_micro_batch: int  # sequences per micro-batch of the old log-probs
+
+
+#: the tiny Qwen2: 4 prompts x 4 samples, 2 mini-batches x 2 epochs (so the clip acts), large
+#: steps (a random 20k-parameter model)
+TINY = Sizes(PROMPT_LENGTH, RESPONSE_LENGTH, lr=0.02, batch=4, n=4, mini_batch=2, epochs=2,
+             micro_batch=4, log_prob_micro_batch=8)  # fmt: skip
+#: the real 135M model on two cores: chat_chain_sum's prompts are 53 tokens under SmolLM2's chat
+#: template; 2 prompts x 4 samples of at most 16 tokens (its replies end after 10 to 12 on
+#: average), 2 mini-batches x 1 epoch (the second update is off-policy), the learning rate of
+#: ``make train-real`` (gmpo_tasks.chat.RealCell). At temperature 1 the untrained model answers
+#: right about one time in five: with the gym's score alone, a step's 8 replies all scored 0 in
+#: a run (no advantage, no update), hence the reward's closeness term
+REAL = Sizes(prompt_length=64, response_length=16, lr=2e-5, batch=2, n=4, mini_batch=1,
+             epochs=1, micro_batch=4, log_prob_micro_batch=8)  # fmt: skip
 #: what loss_mode=gmpo (and gmpo_dual_clip) logs every step
 GMPO_METRICS = (
     "actor/pg_clipfrac",
@@ -69,10 +133,14 @@ def build_model(path: Path, tokenizer: Any) -> None:
     qwen2_model(tokenizer, seed=0, tied=False).save_pretrained(path)
 
 
-def build_data(path: Path, n: int = 32, seed: int = 0) -> None:
-    """``n`` of the successor task's prompts as verl's chat rows, its answer the ground truth."""
+def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
     import pandas as pd
 
+    pd.DataFrame(rows).to_parquet(path)
+
+
+def build_data(path: Path, n: int = 32, seed: int = 0) -> None:
+    """``n`` of the successor task's prompts as verl's chat rows, its answer the ground truth."""
     rows = [
         {
             "data_source": "successor",
@@ -83,25 +151,54 @@ def build_data(path: Path, n: int = 32, seed: int = 0) -> None:
         }
         for i, prompt in enumerate(SUCCESSOR.prompts(n, seed=seed))
     ]
-    pd.DataFrame(rows).to_parquet(path)
+    _write_rows(path, rows)
 
 
-def prepare(workdir: Path) -> dict[str, Path]:
-    """Build the model, the tokenizer (its own folder), the data and the reward file."""
-    paths = {
-        "model": workdir / "model",
-        "tokenizer": workdir / "tokenizer",
-        "data": workdir / "train.parquet",
-        "reward": workdir / "reward.py",
-    }
-    tokenizer = build_tokenizer(paths["tokenizer"])
-    build_model(paths["model"], tokenizer)
-    build_data(paths["data"])
-    paths["reward"].write_text(REWARD_FILE)
+def build_chat_data(path: Path, n: int = 16, seed: int | str = "verl") -> None:
+    """``n`` of chat_chain_sum's prompts as verl's rows: the ``prompt`` column a list of chat
+    messages (verl applies the tokenizer's chat template), the gym's answer the ground truth,
+    the gym's entry (as JSON) in ``extra_info`` for the reward."""
+    from gmpo_tasks.chat_chain_sum import TASK
+
+    rows = [
+        {
+            "data_source": TASK.name,
+            "prompt": TASK.messages(entry),
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": TASK.answer(entry)},
+            "extra_info": {"index": i, "entry": json.dumps(entry)},
+        }
+        for i, entry in enumerate(TASK.entries(n, seed=seed))
+    ]
+    _write_rows(path, rows)
+
+
+def prepare(workdir: Path, model: Path | str | None = None) -> dict[str, Path]:
+    """The files of a run in ``workdir``: without ``model``, the tiny setup (the model, its
+    tokenizer in its own folder, the successor data, its reward file); with ``model``, a local
+    model directory with a chat template (used in place, its own tokenizer), chat_chain_sum's
+    data and reward file. Run it with the :class:`Sizes` of the setup (:data:`TINY`,
+    :data:`REAL`)."""
+    paths = {"data": workdir / "train.parquet", "reward": workdir / "reward.py"}
+    if model is None:
+        paths |= {"model": workdir / "model", "tokenizer": workdir / "tokenizer"}
+        tokenizer = build_tokenizer(paths["tokenizer"])
+        build_model(paths["model"], tokenizer)
+        build_data(paths["data"])
+        paths["reward"].write_text(REWARD_FILE)
+        return paths
+    model = Path(model).resolve()
+    if not (model / "config.json").is_file():
+        raise FileNotFoundError(f"{model}: not a local model directory (no config.json)")
+    paths |= {"model": model, "tokenizer": model}
+    build_chat_data(paths["data"])
+    paths["reward"].write_text(REAL_REWARD_FILE)
     return paths
 
 
-def user_overrides(paths: dict[str, Path], workdir: Path, loss_mode: str = "gmpo") -> list[str]:
+def user_overrides(
+    paths: dict[str, Path], workdir: Path, loss_mode: str = "gmpo", sizes: Sizes = TINY
+) -> list[str]:
     """What a user brings: GMPO's settings (as in docs/verl.md) and the files."""
     data = str(paths["data"])
     return [
@@ -112,11 +209,11 @@ def user_overrides(paths: dict[str, Path], workdir: Path, loss_mode: str = "gmpo
         "actor_rollout_ref.actor.clip_ratio_high=0.4",
         "actor_rollout_ref.actor.use_kl_loss=False",
         "actor_rollout_ref.actor.entropy_coeff=0",
-        "actor_rollout_ref.actor.optim.lr=0.02",  # a random 20k-parameter model: large steps
+        f"actor_rollout_ref.actor.optim.lr={sizes.lr}",
         f"data.train_files=['{data}']",
         f"data.val_files=['{data}']",
-        f"data.max_prompt_length={PROMPT_LENGTH}",
-        f"data.max_response_length={RESPONSE_LENGTH}",
+        f"data.max_prompt_length={sizes.prompt_length}",
+        f"data.max_response_length={sizes.response_length}",
         f"actor_rollout_ref.model.path={paths['model']}",
         f"actor_rollout_ref.model.tokenizer_path={paths['tokenizer']}",
         f"reward.custom_reward_function.path={paths['reward']}",
@@ -127,16 +224,17 @@ def user_overrides(paths: dict[str, Path], workdir: Path, loss_mode: str = "gmpo
     ]
 
 
-def smoke_overrides(steps: int = 3) -> list[str]:
-    """A few small, off-policy steps: 4 prompts x 4 samples, 2 mini-batches x 2 epochs per step
-    (so the clip acts), console logging, no validation, no checkpoints."""
+def smoke_overrides(steps: int = 3, sizes: Sizes = TINY) -> list[str]:
+    """A few small, off-policy steps of ``sizes`` (by default 4 prompts x 4 samples, 2
+    mini-batches x 2 epochs per step, so the clip acts), console logging, no validation, no
+    checkpoints."""
     return [
-        "data.train_batch_size=4",
-        "actor_rollout_ref.rollout.n=4",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.ppo_epochs=2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+        f"data.train_batch_size={sizes.batch}",
+        f"actor_rollout_ref.rollout.n={sizes.n}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={sizes.mini_batch}",
+        f"actor_rollout_ref.actor.ppo_epochs={sizes.epochs}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={sizes.micro_batch}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={sizes.log_prob_micro_batch}",
         f"trainer.total_training_steps={steps}",
         "trainer.logger=['console']",
         "trainer.val_before_train=False",
@@ -172,10 +270,10 @@ CPU_OVERRIDES = (
 
 
 def overrides(paths: dict[str, Path], workdir: Path, *, v1: bool = True, loss_mode: str = "gmpo",
-              steps: int = 3) -> list[str]:  # fmt: skip
+              steps: int = 3, sizes: Sizes = TINY) -> list[str]:  # fmt: skip
     """The test's overrides: the user's, the smoke test's, then what CPU needs."""
-    user = user_overrides(paths, workdir, loss_mode)
-    return [*user, *smoke_overrides(steps), *CPU_OVERRIDES, f"trainer.use_v1={v1}"]
+    user = user_overrides(paths, workdir, loss_mode, sizes)
+    return [*user, *smoke_overrides(steps, sizes), *CPU_OVERRIDES, f"trainer.use_v1={v1}"]
 
 
 def environment(**extra: str) -> dict[str, str]:
@@ -277,16 +375,20 @@ def step_metrics(log: str) -> dict[int, dict[str, float]]:
 
 
 def main(argv: list[str]) -> int:
-    """``prepare DIR``: build the files, print their overrides; ``smoke-overrides [STEPS]``,
-    ``cpu-overrides``: print those; ``env``: print the environment as ``export`` lines;
-    ``summary LOG``: gmpo's metrics from a run's log (exit 1 without them)."""
+    """``prepare DIR [MODEL]``: build the files (with MODEL, a local model directory: the real
+    model's), print their overrides; ``smoke-overrides [STEPS [tiny|real]]``, ``cpu-overrides``:
+    print those; ``env``: print the environment as ``export`` lines; ``summary LOG``: gmpo's
+    metrics from a run's log (exit 1 without them)."""
     command = argv[0] if argv else ""
-    if command == "prepare" and len(argv) == 2:
+    if command == "prepare" and len(argv) in (2, 3):
         workdir = Path(argv[1]).resolve()
         workdir.mkdir(parents=True, exist_ok=True)
-        print("\n".join(user_overrides(prepare(workdir), workdir)))
-    elif command == "smoke-overrides":
-        print("\n".join(smoke_overrides(int(argv[1]) if len(argv) > 1 else 3)))
+        model = argv[2] if len(argv) == 3 else None
+        sizes = TINY if model is None else REAL
+        print("\n".join(user_overrides(prepare(workdir, model), workdir, sizes=sizes)))
+    elif command == "smoke-overrides" and len(argv) <= 3 and argv[2:] in ([], ["tiny"], ["real"]):
+        sizes = REAL if argv[2:] == ["real"] else TINY
+        print("\n".join(smoke_overrides(int(argv[1]) if len(argv) > 1 else 3, sizes)))
     elif command == "cpu-overrides":
         print("\n".join(CPU_OVERRIDES))
     elif command == "summary" and len(argv) == 2:  # gmpo's metrics per step; 1 if missing
