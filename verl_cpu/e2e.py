@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -38,6 +37,8 @@ from typing import Any
 from gmpo_tasks.chars import char_tokenizer
 from gmpo_tasks.models import qwen2_model
 from gmpo_tasks.successor import TASK as SUCCESSOR
+from verl_cpu.console import step_lines as step_lines  # the tests read a log through e2e
+from verl_cpu.console import step_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 SUPPORT_MODULE = "verl_cpu.cpu_support"
@@ -342,36 +343,6 @@ def run(workdir: Path, args: list[str], timeout: float, **env: str) -> tuple[int
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     return proc.returncode, log
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_STEP = re.compile(r"^(?:\(\w+ pid=\d+\) )?(step:(\d+) - .*)$")
-_NUMPY = re.compile(r"^np\.\w+\((.*)\)$")  # the v0 trainer logs np.float64(0.1)
-
-
-def _lines(log: str) -> list[re.Match[str]]:
-    return [m for line in _ANSI.sub("", log).splitlines() if (m := _STEP.match(line.strip()))]
-
-
-def step_lines(log: str) -> list[str]:
-    """The console logger's ``step:N - key:value - ...`` lines, without Ray's prefix."""
-    return [m.group(1) for m in _lines(log)]
-
-
-def step_metrics(log: str) -> dict[int, dict[str, float]]:
-    """Step number -> its numeric metrics, from the console lines."""
-    steps: dict[int, dict[str, float]] = {}
-    for match in _lines(log):
-        metrics: dict[str, float] = {}
-        for item in match.group(1).split(" - ")[1:]:
-            key, _, value = item.partition(":")
-            value = _NUMPY.sub(r"\1", value.strip())
-            try:
-                metrics[key.strip()] = float(value)
-            except ValueError:
-                continue
-        steps[int(match.group(2))] = metrics
-    return steps
 
 
 def main(argv: list[str]) -> int:
