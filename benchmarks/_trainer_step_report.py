@@ -131,6 +131,8 @@ def real_summary(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict
                         for ph in ("scoring", "forward", "backward")
                     },
                     "head_share": _median([h / s for h, s in zip(head, steps, strict=True)]),
+                    # the rest of the step: the body, the loss, the optimizer
+                    "rest_median_s": _median([s - h for h, s in zip(head, steps, strict=True)]),
                 }
             row["n"] = len(st["cpu_seconds"])
             row["peak_rss_bytes"] = max(st["peak_rss_bytes"])
@@ -158,9 +160,9 @@ def real_table(
     lines = [
         "| precision | rows × tokens | trainer | CPU s/step (median) | CPU range s "
         "| wall s/step (median) | scoring / forward / backward / optimizer CPU s "
-        "| LM head CPU s | head share | peak RSS MB | peak extra MB | CPU time ÷ gmpo "
-        "| peak RSS ÷ gmpo |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| LM head CPU s | head share | rest of the step CPU s | peak RSS MB | peak extra MB "
+        "| CPU time ÷ gmpo | peak RSS ÷ gmpo |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for key, rows in summary.items():
         precision, shape = key.split(":")
@@ -172,7 +174,8 @@ def real_table(
                 f"| {_s(cpu['median_s'])} | {_s(cpu['min_s'])}–{_s(cpu['max_s'])} "
                 f"| {_s(row['wall']['median_s'])} "
                 f"| {' / '.join(_s(ph[p]) for p in PHASES)} | {_s(cpu['head_median_s'])} "
-                f"| {100 * cpu['head_share']:.1f} % | {_mb(row['peak_rss_bytes'])} "
+                f"| {100 * cpu['head_share']:.1f} % | {_s(cpu['rest_median_s'])} "
+                f"| {_mb(row['peak_rss_bytes'])} "
                 f"| {_mb(row['peak_extra_bytes'])} | {_x(row['cpu_time_vs_gmpo'])} "
                 f"| {_x(row['peak_rss_vs_gmpo'])} |"
             )
@@ -230,19 +233,34 @@ def real_markdown(
 ) -> str:
     first = next(iter(next(iter(results.values())).values()))
     cfg = first["model_config"]
-    dirty = meta["uncommitted_code"]
+
+    def state(commit: str, dirty: list[str] | str) -> str:
+        if isinstance(dirty, str):
+            return f"`{commit}` (uncommitted changes {dirty})"
+        return f"`{commit}`" + (f" with uncommitted changes in {', '.join(dirty)}" if dirty else "")
+
+    end = meta["commit_at_end"]
+    moved = end["commit"] != meta["commit"] or end["uncommitted_code"] != meta["uncommitted_code"]
+    checked, flags = meta["cpu_flags"]["checked"], ", ".join(meta["cpu_flags"]["present"])
     lines = [
         f"# One trainer step on a real model: gmpo_trl against TRL's trainers ({meta['date_utc']})",
         "",
         f"Command: `{meta['command']}`  ",
-        f"Commit `{meta['commit_short']}`"
-        + (f" with uncommitted changes in {', '.join(dirty)}" if dirty else "")
+        f"Run from {meta['date_utc']} to {meta['finished_utc']} at commit "
+        + state(meta["commit_short"], meta["uncommitted_code"])
+        + (
+            f"; at the end the checkout was at {state(end['commit_short'], end['uncommitted_code'])}"
+            " (other work in the same checkout)"
+            if moved
+            else ""
+        )
         + f"; torch {meta['torch']}, trl {meta['trl']}, transformers {meta['transformers']}, "
         f"accelerate {meta['accelerate']}, Python {meta['python']}; {meta['threads']} torch "
-        f"thread(s) on {meta['cpu']}; load average {meta['load_average_start']} at the start, "
-        f"{meta['load_average_end']} at the end (each child's below). Total "
-        f"{meta['wall_s']:.0f} s.",
+        f"thread(s) on {meta['cpu']} (of {', '.join(checked)}: {flags or 'none'}); load average "
+        f"{meta['load_average_start']} at the start, {meta['load_average_end']} at the end "
+        f"(each child's below). Total {meta['wall_s']:.0f} s.",
         "",
+        *([f"Note: {meta['note']}", ""] if meta.get("note") else []),
         f"Model: `{meta['model']}`, {cfg['architecture']}, {first['params']:,} parameters, "
         f"vocabulary {cfg['vocab_size']:,}, hidden {cfg['hidden_size']}, "
         f"{cfg['num_hidden_layers']} layers, tied embeddings {cfg['tie_word_embeddings']}, "
@@ -304,10 +322,24 @@ def real_markdown(
         "",
     ]
     lines.append(
-        "Same batch, same weights: the first warmup step's scoring pass (the initial weights), "
-        "max |Δ| of the per-token log-probs over the valid completion tokens."
+        "bf16 against float32, and same batch, same weights: the first warmup step's scoring "
+        "pass (the initial weights), max |Δ| of the per-token log-probs over the valid "
+        "completion tokens."
     )
     lines.append("")
+    for key, rows in summary.items():
+        precision, shape = key.split(":")
+        f32 = summary.get(f"float32:{shape}")
+        if precision == "bf16" and f32:
+            lines.append(
+                f"- {key}, CPU time per step ÷ float32's at the same shape: "
+                + ", ".join(
+                    f"{v} {row['cpu']['median_s'] / f32[v]['cpu']['median_s']:.2f}×"
+                    for v, row in rows.items()
+                    if v in f32
+                )
+                + "."
+            )
     for key, diffs in agreement["against_gmpo"].items():
         lines.append(
             f"- {key}, against gmpo's: " + ", ".join(f"{v} {d:.2e}" for v, d in diffs.items()) + "."

@@ -58,23 +58,8 @@ Real-model mode (``--model``; ``results/figures-bench/trainer_step_real_<tag>.md
     python benchmarks/bench_trainer_step.py --model smollm2-135m           # about 1 h on one core
     python benchmarks/bench_trainer_step.py --model smollm2-135m --quick   # 2 rows x 4 tokens
 
-A pretrained model (a name of ``gmpo_tasks.pretrained``, converted offline, or a local model
-directory) in three trainers (``--variants``): ``gmpo`` (gmpo_trl's GMPOTrainer with its
-defaults, gmpo_core's LM head), ``grpo`` (TRL's GRPOTrainer, its default ``loss_type``) and
-``trl_gmpo`` (``trl.experimental.gmpo.GMPOTrainer``), each with gmpo_tasks.chat_chain_sum's
-trainer settings, in each case of ``--cases`` (``PRECISION:ROWSxTOKENS``; ``bf16`` is
-``bf16=True`` with ``use_cpu=True``: accelerate's CPU autocast), each trainer and case in a fresh
-child. The batch: chat_chain_sum's prompts through the model's chat template and a fixed reply per
-prompt, the same in every child of a case; the same initial weights. The timed step: the old
-log-probs (GRPOTrainer's no-grad scoring pass, as with ``num_iterations`` > 1), ``compute_loss``,
-backward, gradient clipping and the trainer's AdamW step; ``--warmup`` steps first (the first
-under a dispatch mode that counts which GEMMs ran in which dtype), then ``--repeats`` timed ones.
-Per step: the process's CPU time (one torch thread by default: the step's own work, which other
-processes on a shared machine do not inflate; two threads on two busy cores took six times
-longer in wall time) and the wall time, per phase too; the LM head's time (TRL's
-``ChunkedLogProbFunction`` or gmpo_core's ``token_logprobs``: each call timed, its backward
-between hooks on its autograd node); peak RSS (VmHWM, as above, absolute and over the RSS
-before the step). The first warmup step's scoring pass is compared across the children.
+Three trainers (gmpo_trl's, TRL's GRPOTrainer and trl.experimental.gmpo's) on a pretrained model,
+float32 and bf16 autocast, whole steps: ``_trainer_step_real.py`` says what is measured and how.
 """
 
 from __future__ import annotations
@@ -100,8 +85,10 @@ from _common import (
     loadavg,
     run_meta,
 )
-from _trainer_step_child import PRECISIONS, PROMPT_LEN, REAL_VARIANTS, child, real_child
-from _trainer_step_report import real_markdown, real_summary, summarize, table, verdict
+from _trainer_step_child import PROMPT_LEN, child
+from _trainer_step_real import REAL_CASES, REAL_QUICK_CASES, real_main
+from _trainer_step_real_child import PRECISIONS, REAL_VARIANTS, real_child
+from _trainer_step_report import summarize, table, verdict
 
 #: where this benchmark writes (``make figures-lm-head``)
 RESULTS_DIR = RESULTS / "figures-lm-head"
@@ -113,15 +100,6 @@ CHILD_ENV = {**MALLOC_ENV, "TOKENIZERS_PARALLELISM": "false"}
 RESULT_MARK = "BENCH_RESULT "
 DEFAULTS = dict(vocab=151_936, hidden=128, layers=2, batch=16, generations=8, completion=192)
 QUICK = dict(vocab=4096, hidden=32, layers=1, batch=4, generations=2, completion=16)
-
-#: where the real-model mode (``--model``) writes: trainer_step_real_<tag>.md/.json
-REAL_RESULTS_DIR = RESULTS / "figures-bench"
-#: the real-model mode's cases, PRECISION:ROWSxTOKENS[:REPEATS]: the chat tasks' step (16 rows,
-#: 8 generations of 2 prompts, 32 completion tokens) in float32 and in bf16, bf16 with 2 timed
-#: steps: on a CPU without bf16 instructions (AVX2 only) its GEMMs run several times slower
-REAL_CASES = "float32:16x32,bf16:16x32:2"
-REAL_QUICK_CASES = "float32:2x4"
-REAL_GENERATIONS = 8  # the chat tasks' group (gmpo_tasks.chat.RealCell)
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,235 +148,6 @@ def compare(saved: dict[str, str]) -> dict[str, float]:
         ),
         "grad_norm_rel_diff": float((g_got - g_ref).norm() / g_ref.norm().clamp(min=1e-30)),
     }
-
-
-# --------------------------------------------------------------------------------------------
-# real-model mode (--model): three trainers, whole steps, in each case's precision
-
-
-def parse_cases(text: str, generations: int, repeats: int) -> list[dict[str, Any]]:
-    """``PRECISION:ROWSxTOKENS[:REPEATS],...`` -> the cases: precision, rows, generations per
-    prompt (the chat tasks' group, or every row where fewer), completion tokens and timed steps
-    (``repeats`` where not given)."""
-    cases = []
-    for item in text.split(","):
-        precision, _, rest = item.strip().partition(":")
-        shape, _, reps = rest.partition(":")
-        rows, _, tokens = shape.partition("x")
-        if (
-            precision not in PRECISIONS
-            or not (rows.isdigit() and tokens.isdigit())
-            or not (reps.isdigit() or not reps)
-        ):
-            raise ValueError(
-                f"a case is PRECISION:ROWSxTOKENS[:REPEATS], PRECISION in {PRECISIONS}: {item!r}"
-            )
-        group = min(generations, int(rows))
-        if int(rows) % group or group < 2:
-            raise ValueError(f"{item!r}: rows must be a multiple of {group} (and at least 2)")
-        cases.append(
-            {
-                "precision": precision,
-                "rows": int(rows),
-                "generations": group,
-                "tokens": int(tokens),
-                "repeats": int(reps) if reps else repeats,
-                "key": f"{precision}:{rows}x{tokens}",
-            }
-        )
-    return cases
-
-
-def run_real_child(
-    variant: str, case: dict[str, Any], args: argparse.Namespace, save: str
-) -> dict[str, Any]:
-    cmd = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--model",
-        args.model,
-        "--_child",
-        variant,
-        "--_save",
-        save,
-        "--_precision",
-        case["precision"],
-        "--batch",
-        str(case["rows"]),
-        "--generations",
-        str(case["generations"]),
-        "--completion",
-        str(case["tokens"]),
-        "--threads",
-        str(args.threads),
-        "--repeats",
-        str(case["repeats"]),
-        "--warmup",
-        str(args.warmup),
-        "--seed",
-        str(args.seed),
-    ]
-    env = {**os.environ, **CHILD_ENV, "HF_HUB_OFFLINE": "1"}  # a local model: never the hub
-    load = loadavg()
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-    marked = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_MARK)]
-    if proc.returncode != 0 or not marked:
-        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise RuntimeError(f"{variant} {case['key']} child failed (exit {proc.returncode}): {tail}")
-    result: dict[str, Any] = json.loads(marked[-1][len(RESULT_MARK) :])
-    result.update(child_wall_s=time.perf_counter() - t0, load_start=load, load_end=loadavg())
-    return result
-
-
-def compare_real(
-    saved: dict[tuple[str, str], str], cases: list[dict[str, Any]], variants: list[str]
-) -> dict[str, Any]:
-    """The first warmup step's scoring pass (the initial weights, the same batch in every child):
-    each trainer against gmpo in each case, and bf16 against float32 for each trainer where
-    both ran at one shape; max |Δ| over the valid completion tokens."""
-    import torch
-
-    def load(key: str, v: str) -> dict[str, Any]:
-        return torch.load(saved[(key, v)])  # type: ignore[no-any-return]
-
-    out: dict[str, Any] = {"against_gmpo": {}, "bf16_against_float32": {}, "warmup_loss": {}}
-    for case in cases:
-        key = case["key"]
-        for v in variants:
-            out["warmup_loss"].setdefault(key, {})[v] = float(load(key, v)["loss"])
-        if "gmpo" in variants:
-            ref = load(key, "gmpo")
-            mask = ref["mask"].bool()
-            for v in variants:
-                if v != "gmpo":
-                    d = (load(key, v)["old_logps"] - ref["old_logps"])[mask].abs().max()
-                    out["against_gmpo"].setdefault(key, {})[v] = float(d)
-        if case["precision"] == "bf16":
-            f32 = f"float32:{case['rows']}x{case['tokens']}"
-            if any(c["key"] == f32 for c in cases):
-                for v in variants:
-                    a, b = load(key, v), load(f32, v)
-                    d = (a["old_logps"] - b["old_logps"])[a["mask"].bool()].abs()
-                    out["bf16_against_float32"].setdefault(key, {})[v] = {
-                        "max_abs": float(d.max()),
-                        "mean_abs": float(d.mean()),
-                    }
-    return out
-
-
-def git_state() -> dict[str, Any]:
-    """The commit the benchmark ran at, and the code paths that differed from it."""
-
-    def git(*a: str) -> str:
-        proc = subprocess.run(["git", *a], capture_output=True, text=True, cwd=REPO)
-        return proc.stdout.rstrip("\n") if proc.returncode == 0 else "unknown"
-
-    paths = ("benchmarks", "gmpo_core", "adapters", "gmpo_tasks")
-    dirty = git("status", "--porcelain", "--", *paths)
-    return {
-        "commit": git("rev-parse", "HEAD"),
-        "commit_short": git("rev-parse", "--short", "HEAD"),
-        "uncommitted_code": [ln[3:] for ln in dirty.splitlines()] if dirty != "unknown" else [],
-    }
-
-
-def real_main(
-    args: argparse.Namespace, argv: Sequence[str] | None, p: argparse.ArgumentParser
-) -> int:
-    """``--model``: each trainer and case in a fresh child; the table; the results files."""
-    if args.quick:
-        args.no_write = True
-        args.repeats = min(args.repeats, 1)
-    try:
-        cases = parse_cases(
-            args.cases or (REAL_QUICK_CASES if args.quick else REAL_CASES),
-            args.generations or REAL_GENERATIONS,
-            args.repeats,
-        )
-    except ValueError as e:
-        p.error(str(e))
-    from gmpo_tasks import pretrained
-
-    if args.model not in pretrained.MODELS and not os.path.isdir(args.model):
-        p.error(
-            f"--model {args.model!r}: neither a local directory nor one of "
-            f"{sorted(pretrained.MODELS)} (gmpo_tasks.pretrained)"
-        )
-    variants = [v for v in (args.variants or ",".join(REAL_VARIANTS)).split(",") if v]
-    for v in variants:
-        if v not in REAL_VARIANTS:
-            p.error(f"unknown variant {v!r} with --model; choose from {REAL_VARIANTS}")
-    trl_version = dist_version("trl") or "not installed"
-    load_start = loadavg()
-    print(
-        f"# {args.model}: {', '.join(c['key'] for c in cases)}; {', '.join(variants)}; "
-        f"{args.threads} thread(s), {cpu_model()}, load {load_start}",
-        flush=True,
-    )
-    t_all = time.perf_counter()
-    results: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        saved = {
-            (c["key"], v): os.path.join(tmp, f"{c['key'].replace(':', '_')}_{v}.pt")
-            for c in cases
-            for v in variants
-        }
-        for case in cases:
-            for v in variants:
-                r = run_real_child(v, case, args, saved[(case["key"], v)])
-                results.setdefault(case["key"], {})[v] = r
-                st = r["step"]
-                print(
-                    f"{case['key']:>14} {v:>8}: CPU s/step "
-                    f"{[round(s, 2) for s in st['cpu_seconds']]}"
-                    f", wall {[round(s, 2) for s in st['wall_seconds']]}, head CPU s "
-                    f"{[round(sum(h.values()), 2) for h in st['head_cpu_seconds']]}, "
-                    f"peak RSS MB {[round(b / 1e6) for b in st['peak_rss_bytes']]} "
-                    f"({r['child_wall_s']:.0f} s, load {r['load_start']} -> {r['load_end']})",
-                    flush=True,
-                )
-        agreement = compare_real(saved, cases, variants)
-    wall = time.perf_counter() - t_all
-    load_end = loadavg()
-    summary = real_summary(results)
-    meta = {
-        **run_meta(__file__, argv, trl_version),
-        **git_state(),
-        "transformers": dist_version("transformers") or "not installed",
-        "accelerate": dist_version("accelerate") or "not installed",
-        "gmpo": dist_version("gmpo") or "not installed",
-        "python": platform.python_version(),
-        "cpu": cpu_model(),
-        "threads": args.threads,
-        "load_average_start": load_start,
-        "load_average_end": load_end,
-        "child_env": CHILD_ENV,
-        "model": args.model,
-        "cases": cases,
-        "variants": variants,
-        "repeats": args.repeats,
-        "warmup": args.warmup,
-        "seed": args.seed,
-        "wall_s": wall,
-    }
-    text = real_markdown(meta, results, summary, agreement)
-    print()
-    print(text)
-    print(f"total {wall:.0f} s")
-    if args.no_write:
-        return 0
-    REAL_RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    stem = REAL_RESULTS_DIR / f"trainer_step_real_{args.tag}"
-    stem.with_suffix(".json").write_text(
-        json.dumps(
-            {"meta": meta, "results": results, "summary": summary, "agreement": agreement}, indent=1
-        )
-        + "\n"
-    )
-    stem.with_suffix(".md").write_text(text)
-    print(f"wrote {stem.relative_to(REPO)}.md/.json")
-    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -471,7 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.variant, args.save, args.precision = args._child, args._save, args._precision
             print(RESULT_MARK + json.dumps(real_child(args)), flush=True)
             return 0
-        return real_main(args, argv, p)
+        how = {"script": str(Path(__file__).resolve()), "child_env": CHILD_ENV, "mark": RESULT_MARK}
+        return real_main(args, argv, p, how)
     sizes = QUICK if args.quick else DEFAULTS
     for key, value in sizes.items():
         if getattr(args, key) is None:
