@@ -29,10 +29,12 @@ def make_trainer(
     model: Any = None,
     dataset: Any = None,
     reward: Any = toy.successor_reward,
+    processing_class: Any = None,
     trainer_kwargs: dict[str, Any] | None = None,
     **overrides: Any,
 ) -> Any:
-    """A trainer of ``cls`` on a fresh tiny model (seed 0) with the toy defaults + overrides."""
+    """A trainer of ``cls`` on a fresh tiny model (seed 0) with the toy defaults + overrides;
+    ``model``, ``dataset``, ``reward`` and ``processing_class`` (the tokenizer) replace the toy's."""
     if config_cls is GMPOConfig:
         overrides.setdefault("gmpo_impl", "plain")
     args = config_cls(**toy.toy_args(str(tmp), **overrides))
@@ -47,7 +49,7 @@ def make_trainer(
         reward_funcs=reward,
         args=args,
         train_dataset=dataset if dataset is not None else toy.successor_dataset(),
-        processing_class=TOKENIZER,
+        processing_class=processing_class if processing_class is not None else TOKENIZER,
         **(trainer_kwargs or {}),
     )
 
@@ -235,3 +237,90 @@ def enable_is(trainer, mode: str) -> None:
     trainer.use_vllm = True
     trainer.vllm_importance_sampling_correction = True
     trainer.vllm_importance_sampling_mode = mode
+
+
+# --------------------------------------------------------------------------------------------
+# a real model's batch: chat prompts of chat_chain_sum, completions sampled from the model
+# --------------------------------------------------------------------------------------------
+
+
+def real_trainer(tmp: Path, model_dir: str, cls: type = GMPOTrainer, config_cls: type = GMPOConfig,
+                 **overrides: Any) -> Any:  # fmt: skip
+    """A trainer of ``cls`` on the pretrained model in ``model_dir`` (float32, loaded afresh),
+    with its own tokenizer and the chat_chain_sum task's dataset and reward."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gmpo_tasks.chat_chain_sum import TASK
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return make_trainer(
+        tmp, cls, config_cls, model=model, dataset=TASK.dataset(0, n=8), reward=TASK.reward,
+        processing_class=AutoTokenizer.from_pretrained(model_dir), **overrides,
+    )  # fmt: skip
+
+
+def chat_inputs(
+    trainer: Any,
+    *,
+    seed: int = 0,
+    rows: int = 4,
+    length: int = 14,
+    drift: float = 0.0,
+    ref_drift: float = 0.0,
+) -> dict[str, Any]:
+    """Loss-step inputs on a real chat model, as GRPOTrainer builds them: ``rows`` prompts of
+    chat_chain_sum rendered by the tokenizer's chat template (left-padded), completions of up
+    to ``length`` tokens sampled from the trainer's model at temperature 1 (right-padded, the
+    mask ending at the first end-of-sequence token); row 1's mask is cut to half its length
+    (a shorter completion). Advantages N(0, 1) with both signs; old and reference log-probs as
+    in :func:`make_inputs`. The same ``seed`` gives the same batch in every process."""
+    from gmpo_tasks.chat_chain_sum import TASK
+
+    tok = trainer.processing_class
+    texts = [
+        tok.apply_chat_template(TASK.messages(e), add_generation_prompt=True, tokenize=False)
+        for e in TASK.entries(rows, seed=f"loss-step:{seed}")
+    ]
+    prompts = tok(texts, return_tensors="pt", padding=True, padding_side="left",
+                  add_special_tokens=False)  # fmt: skip
+    model = trainer.model
+    model.eval()
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(seed)
+        out = model.generate(
+            input_ids=prompts["input_ids"], attention_mask=prompts["attention_mask"],
+            max_new_tokens=length, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+            use_cache=True,  # the trainer turned it off for gradient checkpointing
+        )  # fmt: skip
+    completion_ids = torch.full((rows, length), tok.pad_token_id, dtype=torch.long)
+    sampled = out[:, prompts["input_ids"].size(1) :]
+    completion_ids[:, : sampled.size(1)] = sampled
+    is_eos = completion_ids == tok.eos_token_id
+    ends = torch.where(is_eos.any(1), is_eos.int().argmax(1), length)  # the EOS is a token
+    completion_mask = (torch.arange(length) <= ends[:, None]).long()
+    completion_mask[1, max(1, int(completion_mask[1].sum()) // 2) :] = 0
+    g = torch.Generator().manual_seed(seed)
+    advantages = torch.randn(rows, generator=g)
+    advantages[:2] = advantages[:2].abs()
+    advantages[2:] = -advantages[2:].abs()  # both signs: both sides of the one-sided clip
+    inputs: dict[str, Any] = {
+        "prompt_ids": prompts["input_ids"],
+        "prompt_mask": prompts["attention_mask"],
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": advantages,
+    }
+    logps = model_logps(trainer, inputs)
+    if drift:
+        inputs["old_per_token_logps"] = logps + drift * torch.randn(logps.shape, generator=g)
+    if ref_drift:
+        inputs["ref_per_token_logps"] = logps + ref_drift * torch.randn(logps.shape, generator=g)
+    return inputs
+
+
+def grad_errors(grad: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """Two flat gradients' distance, over every element: the relative L2 error and the largest
+    element difference relative to the largest element of ``ref``."""
+    diff = grad - ref
+    return float(diff.norm() / ref.norm()), float(diff.abs().max() / ref.abs().max())
