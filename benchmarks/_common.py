@@ -90,6 +90,21 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+#: the CPU flags that decide how fast bf16 runs (vLLM samples a float32 model in bf16)
+BF16_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
+def cpu_flags(names: Sequence[str] = BF16_FLAGS) -> list[str]:
+    """Which of ``names`` the CPU has (``/proc/cpuinfo``; none where it cannot be read)."""
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    return [n for n in names if n in have]
+    return []
+
+
 def loadavg() -> str:
     with contextlib.suppress(OSError, IndexError):
         with open("/proc/loadavg") as f:

