@@ -10,8 +10,13 @@ _STEP = re.compile(r"^(?:\(\w+ pid=\d+\) )?(step:(\d+) - .*)$")
 _NUMPY = re.compile(r"^np\.\w+\((.*)\)$")  # the v0 trainer logs np.float64(0.1)
 
 
+def plain(log: str) -> str:
+    """The log without its terminal colour codes (Ray colours each worker's prefix)."""
+    return _ANSI.sub("", log)
+
+
 def _lines(log: str) -> list[re.Match[str]]:
-    return [m for line in _ANSI.sub("", log).splitlines() if (m := _STEP.match(line.strip()))]
+    return [m for line in plain(log).splitlines() if (m := _STEP.match(line.strip()))]
 
 
 def step_lines(log: str) -> list[str]:

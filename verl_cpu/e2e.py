@@ -37,7 +37,8 @@ from typing import Any
 from gmpo_tasks.chars import char_tokenizer
 from gmpo_tasks.models import qwen2_model
 from gmpo_tasks.successor import TASK as SUCCESSOR
-from verl_cpu.console import step_lines as step_lines  # the tests read a log through e2e
+from verl_cpu.console import plain as plain  # the tests read a log through e2e
+from verl_cpu.console import step_lines as step_lines
 from verl_cpu.console import step_metrics
 
 REPO = Path(__file__).resolve().parents[1]

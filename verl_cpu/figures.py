@@ -72,11 +72,11 @@ def trainer_run(files: dict[str, Path], workdir: Path, v1: bool, loss_mode: str,
     wall = time.monotonic() - start
     (workdir / "log.txt").write_text(log)
     if returncode != 0:
-        tail = _e2e._ANSI.sub("", log)[-6000:]
+        tail = _e2e.plain(log)[-6000:]
         raise SystemExit(
             f"verl's trainer ({loss_mode}, use_v1={v1}) failed ({returncode}):\n{tail}"
         )
-    clean = [line.strip() for line in _e2e._ANSI.sub("", log).splitlines()]
+    clean = [line.strip() for line in _e2e.plain(log).splitlines()]
     raw_steps = [line for line in clean if _PREFIXED_STEP.match(line) or line.startswith("step:")]
     syncs = [f"({m.group(1)}) {m.group(2)}" for line in clean if (m := _SYNC.match(line))]
     metrics = _e2e.step_metrics(log)

@@ -71,7 +71,7 @@ def runs(files: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> di
 
 
 def _tail(log: str) -> str:
-    return _e2e._ANSI.sub("", log)[-8000:]
+    return _e2e.plain(log)[-8000:]
 
 
 @pytest.mark.parametrize("trainer", ["v1", "v0"])
@@ -101,7 +101,7 @@ def test_three_steps_with_finite_gmpo_metrics(runs: dict[str, Any], trainer: str
 def test_rollout_samples_with_the_updated_weights(runs: dict[str, Any], trainer: str) -> None:
     returncode, log = runs[trainer]
     assert returncode == 0, _tail(log)
-    syncs = [(int(n), int(step)) for n, step in _SYNC.findall(_e2e._ANSI.sub("", log))]
+    syncs = [(int(n), int(step)) for n, step in _SYNC.findall(_e2e.plain(log))]
     # one sync before each step's generation (and one after the last update)
     assert [step for _, step in syncs][:STEPS] == list(range(STEPS)), syncs
     steps = _e2e.step_metrics(log)

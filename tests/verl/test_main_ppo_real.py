@@ -155,7 +155,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, float]:
 
 
 def _tail(log: str) -> str:
-    return _e2e._ANSI.sub("", log)[-8000:]
+    return _e2e.plain(log)[-8000:]
 
 
 @pytest.mark.slow
@@ -193,7 +193,7 @@ def test_the_real_models_rollout_samples_with_the_updated_weights(
 ) -> None:
     returncode, log, _ = run
     assert returncode == 0, _tail(log)
-    syncs = [(int(n), int(step)) for n, step in _SYNC.findall(_e2e._ANSI.sub("", log))]
+    syncs = [(int(n), int(step)) for n, step in _SYNC.findall(_e2e.plain(log))]
     # one sync before each step's generation; step 2 samples after step 1's update
     assert [step for _, step in syncs][:STEPS] == list(range(STEPS)), syncs
     for step, metrics in _e2e.step_metrics(log).items():
