@@ -40,7 +40,7 @@ def _get(config: Any, key: str, default: Any = None) -> Any:
 
 
 class HFRolloutServer:
-    """Samples with the Hugging Face model; one request at a time (the model is tiny)."""
+    """Samples with the Hugging Face model and its KV cache; one request at a time (small models)."""
 
     def __init__(self, rollout_config: Any, model_config: Any, replica_rank: int) -> None:
         from transformers import AutoModelForCausalLM
@@ -62,11 +62,14 @@ class HFRolloutServer:
 
     @torch.no_grad()
     def _sample(self, prompt_ids: list[int], temperature: float) -> tuple[list[int], list[float]]:
-        ids = torch.tensor([prompt_ids])
+        ids = torch.tensor([prompt_ids])  # the prompt, then each new token alone (KV cache)
+        past = None
         tokens: list[int] = []
         log_probs: list[float] = []
         for _ in range(self.max_new_tokens):
-            logits = self.model(input_ids=ids).logits[0, -1].float()
+            out = self.model(input_ids=ids, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            logits = out.logits[0, -1].float()
             if temperature > 0:
                 logp = torch.log_softmax(logits / temperature, -1)
                 token = int(torch.multinomial(logp.exp(), 1, generator=self.generator))
@@ -77,7 +80,7 @@ class HFRolloutServer:
             log_probs.append(float(logp[token]))
             if token in self.eos:
                 break
-            ids = torch.cat([ids, torch.tensor([[token]])], 1)
+            ids = torch.tensor([[token]])
         return tokens, log_probs
 
     async def generate(
