@@ -87,6 +87,14 @@ def make_inputs(
         "completion_mask": completion_mask,
         "advantages": advantages,
     }
+    return with_logps(trainer, inputs, g, drift, ref_drift)
+
+
+def with_logps(
+    trainer: Any, inputs: dict[str, Any], g: torch.Generator, drift: float, ref_drift: float
+) -> dict[str, Any]:
+    """``inputs`` with old and reference log-probs: the model's own plus N(0, drift²) and
+    N(0, ref_drift²) noise from ``g`` (each left out at 0)."""
     logps = model_logps(trainer, inputs)
     if drift:
         inputs["old_per_token_logps"] = logps + drift * torch.randn(logps.shape, generator=g)
@@ -311,12 +319,7 @@ def chat_inputs(
         "completion_mask": completion_mask,
         "advantages": advantages,
     }
-    logps = model_logps(trainer, inputs)
-    if drift:
-        inputs["old_per_token_logps"] = logps + drift * torch.randn(logps.shape, generator=g)
-    if ref_drift:
-        inputs["ref_per_token_logps"] = logps + ref_drift * torch.randn(logps.shape, generator=g)
-    return inputs
+    return with_logps(trainer, inputs, g, drift, ref_drift)
 
 
 def grad_errors(grad: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
