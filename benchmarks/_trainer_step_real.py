@@ -24,7 +24,6 @@ before the step). The first warmup step's scoring pass is compared across the ch
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -35,7 +34,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from _common import REPO, RESULTS, cpu_model, dist_version, loadavg, run_meta
+from _common import REPO, RESULTS, cpu_flags, cpu_model, dist_version, loadavg, run_meta
 from _trainer_step_real_child import PRECISIONS, REAL_VARIANTS
 from _trainer_step_report import real_markdown, real_summary
 
@@ -154,16 +153,6 @@ def compare_real(
 BF16_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 
-def bf16_flags() -> list[str]:
-    """Which of :data:`BF16_FLAGS` this CPU has (``/proc/cpuinfo``)."""
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("flags"):
-                have = set(line.split(":", 1)[1].split())
-                return [n for n in BF16_FLAGS if n in have]
-    return []
-
-
 def git_state() -> dict[str, Any]:
     """The checkout's commit, and the code paths that differ from it."""
 
@@ -254,7 +243,7 @@ def real_main(
         "gmpo": dist_version("gmpo") or "not installed",
         "python": platform.python_version(),
         "cpu": cpu_model(),
-        "cpu_flags": {"checked": list(BF16_FLAGS), "present": bf16_flags()},
+        "cpu_flags": {"checked": list(BF16_FLAGS), "present": cpu_flags(BF16_FLAGS)},
         "threads": args.threads,
         "load_average_start": load_start,
         "load_average_end": load_end,
