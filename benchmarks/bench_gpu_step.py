@@ -1,6 +1,7 @@
-"""One training step of three GRPO-family trainers on the same batch and weights: gmpo_trl's
-GMPOTrainer (gmpo_core's LM head, the default), TRL's GRPOTrainer and TRL's
-``trl.experimental.gmpo.GMPOTrainer``; seconds per step and peak memory (scripts/gpu.sh).
+"""One training step of GRPO-family trainers on the same batch and weights: gmpo_trl's
+GMPOTrainer with its default LM head (on a GPU, TRL's) and with ``gmpo_lm_head=True``
+(gmpo_core's), TRL's GRPOTrainer and TRL's ``trl.experimental.gmpo.GMPOTrainer``; seconds per
+step and peak memory (scripts/gpu.sh).
 
 Run from the repository root, where trl is installed::
 
@@ -37,7 +38,8 @@ from _common import RESULTS, dist_version, run_meta
 from _trainer_step_child import PROMPT_LEN, hash_reward
 
 RESULTS_DIR = RESULTS / "figures-lm-head"
-TRAINERS = ("gmpo_trl GMPOTrainer", "TRL GRPOTrainer", "TRL experimental GMPOTrainer")
+TRAINERS = ("gmpo_trl GMPOTrainer", "gmpo_trl GMPOTrainer, gmpo_lm_head=True", "TRL GRPOTrainer",
+            "TRL experimental GMPOTrainer")  # fmt: skip
 QWEN3_06B = {"hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16,
              "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 3072,
              "vocab_size": 151_936}  # fmt: skip
@@ -60,12 +62,14 @@ def _trainer(name: str, model: Any, tokenizer: Any, out: str, args: argparse.Nam
     kwargs = toy.toy_args(out, per_device_train_batch_size=args.batch, num_generations=args.batch,
                           max_completion_length=args.completion, max_steps=1)  # fmt: skip
     kwargs.update(bf16=args.device != "cpu", use_cpu=args.device == "cpu")
-    if name == TRAINERS[0]:
+    if name in TRAINERS[:2]:
         from gmpo_trl import GMPOConfig as Config
         from gmpo_trl import GMPOTrainer as Trainer
 
         kwargs["gmpo_lm_head_backward"] = args.backward
-    elif name == TRAINERS[1]:
+        if name == TRAINERS[1]:
+            kwargs["gmpo_lm_head"] = True
+    elif name == TRAINERS[2]:
         from trl import GRPOConfig as Config
         from trl import GRPOTrainer as Trainer
     else:
@@ -167,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta = {**run_meta(__file__, argv, dist_version("trl")), "device": args.device,
             "gpu": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None,
             "batch": args.batch, "completion": args.completion, "backward": args.backward}  # fmt: skip
-    lines = [f"# One training step, three trainers ({meta['date_utc']})", "",
+    lines = [f"# One training step, GRPO-family trainers ({meta['date_utc']})", "",
              f"Command: `{meta['command']}`  ", f"torch {meta['torch']}, trl {meta['trl']}, "
              f"device {args.device} ({meta['gpu']}); {model}, B {args.batch}, "
              f"completion {args.completion} tokens.", "",

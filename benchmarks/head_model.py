@@ -159,6 +159,9 @@ def main() -> int:
         "",
         text,
         "",
+        "gmpo_trl's default (`GMPOConfig.gmpo_lm_head` unset) scores with TRL's head on a GPU: "
+        "its rows are the TRL rows; `gmpo_lm_head=True` gives the gmpo rows.",
+        "",
         "Element-wise bytes per (token, vocabulary entry), by pass:",
         "",
         "| head | pass | bytes |",

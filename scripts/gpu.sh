@@ -19,8 +19,9 @@
 #   6. the LM head alone in bf16 at Liger's shapes (H 4096, V 128,256, N 2,048 and 16,384): gmpo's
 #      token_logprobs with both backward precisions, the materialized head and, where trl is
 #      installed, TRL's ChunkedLogProbFunction -> results/figures-lm-head/lm_head_cuda_bf16.*;
-#   7. one training step (loss, backward, AdamW) of gmpo_trl's GMPOTrainer, TRL's GRPOTrainer and
-#      trl.experimental.gmpo.GMPOTrainer on the same batch, a Qwen3-0.6B-shaped model built from
+#   7. one training step (loss, backward, AdamW) of gmpo_trl's GMPOTrainer (its default head, TRL's
+#      on a GPU, and gmpo_lm_head=True), TRL's GRPOTrainer and trl.experimental.gmpo.GMPOTrainer
+#      on the same batch, a Qwen3-0.6B-shaped model built from
 #      its config (random weights, no hub), bf16: seconds per step and peak memory
 #      -> results/figures-lm-head/gpu_step_cuda.*; skipped, with its reason, where trl is not
 #      installed (carry its wheel in: pip install --no-deps trl==1.16.0, with accelerate and

@@ -54,9 +54,11 @@ class GMPOConfig(GRPOConfig):
       model whenever it is not 0).
     - ``gmpo_impl``: which ``gmpo_core`` path computes the loss: ``"plain"`` (default) or
       ``"compiled"`` (opt-in; TRL's ``torch_compile`` does not turn it on).
-    - ``gmpo_lm_head`` (default True): tokens are scored by :func:`gmpo_core.token_logprobs`
-      instead of TRL's chunked LM head, for every scoring pass; where it does not apply (a logit
-      soft-cap, extra kernel outputs) TRL's head is used and a warning says so once.
+    - ``gmpo_lm_head`` (default None, auto): which LM head scores the tokens, for every
+      scoring pass: None uses :func:`gmpo_core.token_logprobs` on the CPU and TRL's chunked head
+      on other devices (a GPU, where ours is slower on paper: docs/lm_head.md); True uses
+      gmpo_core's head everywhere, False TRL's. Where gmpo_core's head does not apply (a logit
+      soft-cap, extra kernel outputs) TRL's is used and a warning says so once.
     - ``gmpo_lm_head_backward`` (default ``"half"``): that head's ``backward_precision``, for
       bf16/fp16 (or autocast) on CUDA: ``"half"`` or ``"float32"`` backward GEMMs.
     - ``loss_variant`` (default None): a loss variant (a name of ``gmpo_variants.VARIANTS`` or
@@ -70,7 +72,7 @@ class GMPOConfig(GRPOConfig):
     loss_type: str = _option("loss_type")
     use_bias_correction_kl: bool = _option("use_bias_correction_kl")
     gmpo_impl: str = _option("gmpo_impl")
-    gmpo_lm_head: bool = _option("gmpo_lm_head")
+    gmpo_lm_head: bool | None = _option("gmpo_lm_head")
     gmpo_lm_head_backward: str = _option("gmpo_lm_head_backward")
     loss_variant: str | None = _option("loss_variant")
 
@@ -82,7 +84,8 @@ class GMPOConfig(GRPOConfig):
 #: the fields :func:`check_config` reads: a config is checked again once one of them changes
 CHECKED_FIELDS = (
     "loss_type", "importance_sampling_level", "use_bias_correction_kl", *OTHER_LOSS_FIELDS,
-    "epsilon", "epsilon_high", "delta", "beta", "gmpo_impl", "gmpo_lm_head_backward",
+    "epsilon", "epsilon_high", "delta", "beta", "gmpo_impl", "gmpo_lm_head",
+    "gmpo_lm_head_backward",
     "loss_variant", "use_vllm", "vllm_importance_sampling_correction",
 )  # fmt: skip
 _read = operator.attrgetter(*CHECKED_FIELDS)
@@ -169,6 +172,11 @@ def _check_values(key: tuple[tuple[type, Any], ...]) -> Checked:
     # GRPOTrainer builds whenever beta != 0
     check_beta(args.beta, has_ref_logp=True)
     HOST.check_impl(args.gmpo_impl)
+    if args.gmpo_lm_head not in (None, True, False):
+        raise ValueError(
+            f"gmpo_lm_head={args.gmpo_lm_head!r}: choose None (auto: gmpo_core's head on the "
+            "CPU, TRL's elsewhere), True (gmpo_core's everywhere) or False (TRL's everywhere)"
+        )
     backward = args.gmpo_lm_head_backward
     if backward not in BACKWARD_PRECISIONS:
         raise ValueError(

@@ -189,11 +189,10 @@ GMPO_FIELDS: dict[str, Option] = {
         added=True,
     ),
     "gmpo_lm_head": Option(
-        True,
-        "Score tokens with gmpo_core.token_logprobs instead of TRL's chunked LM head: less time "
-        "and a fraction of the peak memory inside the trainer step (docs/lm_head.md has the "
-        "measurements). Where it does not apply (a logit soft-cap, extra kernel outputs) TRL's "
-        "head is used, with one warning.",
+        None,
+        "The LM head that scores tokens. Unset: gmpo_core.token_logprobs on the CPU (faster and "
+        "leaner there), TRL's chunked head on a GPU (faster there, on paper); true or false: "
+        "gmpo_core's or TRL's everywhere (docs/lm_head.md).",
         added=True,
     ),
     "gmpo_lm_head_backward": Option(

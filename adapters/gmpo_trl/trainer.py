@@ -149,11 +149,12 @@ class GMPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------
 
     def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:
-        """GRPOTrainer's, with gmpo_core's LM head in place of TRL's when ``gmpo_lm_head`` is
-        set (for every scoring pass: current, old and reference log-probs alike)."""
-        if not self.args.gmpo_lm_head:
+        """GRPOTrainer's, with gmpo_core's LM head in place of TRL's where ``gmpo_lm_head``
+        chooses it (for every scoring pass: current, old and reference log-probs alike; by
+        default on the CPU, ``gmpo_trl.head_swap.uses_gmpo_head``)."""
+        if self.args.gmpo_lm_head is False:
             return super()._get_per_token_logps_and_entropies(*args, **kwargs)
-        with lm_head_swapped(self.args.gmpo_lm_head_backward):
+        with lm_head_swapped(self.args.gmpo_lm_head_backward, self.args.gmpo_lm_head):
             return super()._get_per_token_logps_and_entropies(*args, **kwargs)
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Tensor:

@@ -83,11 +83,11 @@ def test_help_defaults_are_gmpoconfigs():
     assert shown == ["epsilon", "epsilon_high", "delta", "gmpo_impl", "gmpo_lm_head",
                      "loss_variant"]  # fmt: skip
     said = {"epsilon": " Default: 0.4.", "epsilon_high": "", "delta": "",
-            "gmpo_impl": " Default: 'plain'.", "gmpo_lm_head": " Default: true.",
+            "gmpo_impl": " Default: 'plain'.", "gmpo_lm_head": "",
             "loss_variant": ""}  # fmt: skip
     for name in shown:  # GMPOConfig's help text and default, as --help shows them
         assert f"--{name} X {declared[name].metadata['help']}{said[name]}" in text, name
-    assert declared["gmpo_lm_head"].default is True and declared["gmpo_impl"].default == "plain"
+    assert declared["gmpo_lm_head"].default is None and declared["gmpo_impl"].default == "plain"
     assert "Default: 0.4. --epsilon_high" in text and "--loss_type" not in text
 
 
