@@ -102,7 +102,7 @@ class TokenLogProbHead:
 
 @contextlib.contextmanager
 def lm_head_swapped(
-    backward_precision: str = "half", setting: bool | None = True
+    backward_precision: str = "half", setting: bool | None = None
 ) -> Iterator[None]:
     """Within the block, TRL's patched forward scores tokens with :class:`TokenLogProbHead`
     (its backward GEMMs in ``backward_precision``, ``GMPOConfig.gmpo_lm_head_backward``), which
