@@ -132,17 +132,24 @@ def budget(args: argparse.Namespace) -> int:
     """The plan's budget rule, for the lead before each part: the wall-clock spent so far (every
     pilot and grid sweep's ``invocations.jsonl`` under ``--runs``, the timing's apart) and, for
     each part of :data:`ORDER`, whether the spent time plus its estimate (``timing.json``) stays
-    within :data:`BUDGET_H` hours; a part that does not is dropped, with every later one."""
+    within :data:`BUDGET_H` hours; a part that does not is dropped, with every later one. The
+    first part (the primary tasks' pilot and grid) is never dropped."""
     spent = sum(i["wall_s"] for path in sorted(args.runs.rglob("invocations.jsonl"))
                 if "timing" not in path.relative_to(args.runs).parts
                 for i in invocations(path.parent)) / 3600  # fmt: skip
     plan = json.loads((args.results / "timing.json").read_text())["estimate"]
     print(f"spent: {spent:.2f} h of the budget's {BUDGET_H:g} h ({args.runs})")
-    for name, _, wall in parts(plan):
-        fits = (
-            "fits" if spent + wall <= BUDGET_H else "does not fit: dropped, with every later part"
-        )
-        print(f"- {name}: estimate {wall:.2f} h; spent + estimate {spent + wall:.2f} h: {fits}")
+    dropped = False
+    for i, (name, _, wall) in enumerate(parts(plan)):
+        if i == 0:
+            verdict = "never dropped (the plan)"
+        elif dropped:
+            verdict = "dropped, as an earlier part was"
+        elif spent + wall <= BUDGET_H:
+            verdict = "fits"
+        else:
+            verdict, dropped = "does not fit: dropped, with every later part", True
+        print(f"- {name}: estimate {wall:.2f} h; spent + estimate {spent + wall:.2f} h: {verdict}")
     return 0
 
 

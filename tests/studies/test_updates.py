@@ -320,19 +320,26 @@ def test_the_budget_step_applies_the_plans_rule(tmp_path: Path, capsys: Any) -> 
                         ("timing/reverse/u1", 99 * 3600)):  # fmt: skip
         (runs / where).mkdir(parents=True)
         (runs / where / "invocations.jsonl").write_text(json.dumps({"wall_s": wall}) + "\n")
-    # 5 h spent: the primary tasks' robustness cells (2.5 h) fit in 8 h, chain_sum (3.5 h) not
-    parts = [
+    # 5 h spent: the primary tasks' pilot and grid (4 h) are never dropped, their robustness
+    # cells (2.5 h) fit in 8 h, chain_sum (3.5 h) does not, and its robustness cells (0.5 h)
+    # go with it
+    parts = [{"step": "grid", "task": t, "runs": 1, "wall_s": 2 * 3600} for t in plan.TASKS]
+    parts += [
         {"step": "robustness", "task": t, "runs": 1, "wall_s": 1.25 * 3600} for t in plan.TASKS
     ]
     parts += [{"step": "grid", "task": "chain_sum", "runs": 1, "wall_s": 3.5 * 3600}]
+    parts += [{"step": "robustness", "task": "chain_sum", "runs": 1, "wall_s": 0.5 * 3600}]
     results.mkdir()
     (results / "timing.json").write_text(json.dumps({"estimate": parts}))
     updates.main(["budget", "--runs", str(runs), "--results", str(results)])
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("spent: 5.00 h of the budget's 8 h")  # the timing's 99 h apart
+    assert out[1].endswith("estimate 4.00 h; spent + estimate 9.00 h: never dropped (the plan)")
     assert out[2].endswith("estimate 2.50 h; spent + estimate 7.50 h: fits")
     assert out[3].endswith("estimate 3.50 h; spent + estimate 8.50 h: does not fit: dropped, "
                            "with every later part")  # fmt: skip
+    assert out[4].endswith("estimate 0.50 h; spent + estimate 5.50 h: dropped, as an earlier "
+                           "part was")  # fmt: skip
 
 
 def test_the_regimes_of_a_task_share_its_warm_starts(tmp_path: Path) -> None:
