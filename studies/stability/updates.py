@@ -10,8 +10,8 @@ updates per generation batch, each loss at its own learning rate.
 
 Every rule here is the plan's, fixed before its pilot ran. Each step runs the study's sweep
 (``python -m studies.stability``, one invocation per task and regime, printed before it runs;
-``--dry-run`` prints them only) and copies each sweep's ``summary.md``, ``summary.json`` and
-``invocations.jsonl`` from ``--runs`` into ``--results``:
+``--dry-run`` prints them only) and copies each sweep's ``summary.md``, ``summary.json`` (as
+``summary.json.gz``) and ``invocations.jsonl`` from ``--runs`` into ``--results``:
 
 - the regime is ``--setup minibatches=M,epochs=E`` (:data:`REGIMES`: updates = M x E, as TRL
   counts ``steps_per_generation / gradient_accumulation_steps`` x ``num_iterations`` and verl

@@ -18,6 +18,7 @@ from studies.stability.updates_plan import (
     TASKS,
     USERS,
     copy_summaries,
+    has_records,
     records_of,
     regime_name,
 )
@@ -139,7 +140,7 @@ def analyze(results: Path, tasks: tuple[str, ...] = TASKS) -> tuple[dict[str, An
     """The plan's tests and tables over ``results``' grid folders: ``(json, markdown lines)``."""
     outcome = json.loads((results / "pilot" / "pilot.json").read_text())
     by_dir = {(t, u): records_of(results / t / regime_name(u)) for t in (*TASKS, EXTRA_TASK)
-              for u in REGIMES if (results / t / regime_name(u) / "summary.json").exists()}  # fmt: skip
+              for u in REGIMES if has_records(results / t / regime_name(u))}  # fmt: skip
     tasks = tuple(t for t in tasks if any(k[0] == t for k in by_dir))
     groups = groups_of(by_dir, outcome, tasks)
     primary = family_of(groups, "final_reward", +1)
@@ -203,7 +204,7 @@ def analysis(args: argparse.Namespace) -> int:
     for task in (*args.tasks, EXTRA_TASK):
         for u in REGIMES:
             src = args.runs / task / regime_name(u)
-            if (src / "summary.json").exists():
+            if has_records(src):
                 copy_summaries(src, args.results / task / regime_name(u))
     out, lines = analyze(args.results, tuple(args.tasks))
     head = ["# The regime study's planned analysis", "",

@@ -355,3 +355,26 @@ def test_no_extra_sanity_cell_where_grpo_runs_at_gmpos_rate_already() -> None:
     assert updates.grid_cells(same, 1, False) == [(v, 1e-3) for v in plan.LOSSES]
     assert updates.grid_cells({**same, "grpo": 2e-3}, 1, False)[-1] == ("grpo", 1e-3)
     assert ("grpo", 1e-3) not in updates.grid_cells({**same, "grpo": 2e-3}, 4, False)
+
+
+def test_committed_records_are_gzipped_and_read_back(tmp_path: Path) -> None:
+    """copy_summaries commits a sweep's summary.json as summary.json.gz (the same bytes on every
+    copy); records_of reads either form to the same records."""
+    src, dst = tmp_path / "runs", tmp_path / "results"
+    src.mkdir()
+    records = [{"variant": "gmpo", "seed": s, "final_reward": 0.5 + s / 100} for s in range(40)]
+    (src / "summary.json").write_text(json.dumps(records, indent=1) + "\n")
+    (src / "summary.md").write_text("# summary\n")
+    (src / "invocations.jsonl").write_text("{}\n")
+    (dst / "summary.json").parent.mkdir()
+    (dst / "summary.json").write_text("[]")  # an older plain copy is replaced
+    plan.copy_summaries(src, dst)
+    first = (dst / "summary.json.gz").read_bytes()
+    plan.copy_summaries(src, dst)
+    assert (dst / "summary.json.gz").read_bytes() == first
+    assert sorted(p.name for p in dst.iterdir()) == [
+        "invocations.jsonl", "summary.json.gz", "summary.md",
+    ]  # fmt: skip
+    assert plan.has_records(dst) and plan.has_records(src) and not plan.has_records(tmp_path)
+    assert plan.records_of(dst) == plan.records_of(src) == records
+    assert len(first) < (src / "summary.json").stat().st_size / 3
