@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +148,7 @@ def analyze(results: Path, tasks: tuple[str, ...] = TASKS) -> tuple[dict[str, An
     for t in primary.values():
         t["verdict"] = verdict(t)
     out: dict[str, Any] = {"primary": primary, "headline": headline(primary, tasks),
-                           "sanity": sanity(by_dir, outcome)}  # fmt: skip
+                           "sanity": sanity(by_dir, outcome), "means": means_of(groups)}  # fmt: skip
     for name, key, sign in (("failures", "failed", -1), ("spread", "spread_all", -1),
                             ("entropy", "entropy_all", +1), ("length", "length_all", +1)):  # fmt: skip
         out[name] = family_of(groups, key, sign)
@@ -166,8 +167,44 @@ def analyze(results: Path, tasks: tuple[str, ...] = TASKS) -> tuple[dict[str, An
     return out, report(out)
 
 
+def means_of(groups: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per group (task and regime) and loss at its own rate: the rate, the seeds, the mean and
+    the standard deviation of the final reward over the seeds, and the failed runs."""
+    out: dict[str, dict[str, Any]] = {}
+    for group, records in groups.items():
+        for v in LOSSES:
+            xs = [r["final_reward"] for r in records if r["variant"] == v]
+            if xs:
+                out.setdefault(group, {})[v] = {
+                    "rate": next(r["own_lr"] for r in records if r["variant"] == v),
+                    "seeds": len(xs), "mean": statistics.fmean(xs),
+                    "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0,
+                    "failed": sum(r["failed"] for r in records if r["variant"] == v),
+                }  # fmt: skip
+    return out
+
+
+def means_table(means: dict[str, dict[str, Any]]) -> list[str]:
+    """Markdown: a row per task and regime, a column per loss: the mean final reward over the
+    seeds ± its standard deviation, the failed runs, and the loss's own rate."""
+    lines = ["| task, regime | " + " | ".join(LOSSES) + " |", "|---|" + "---:|" * len(LOSSES)]
+    for group, by_loss in means.items():
+        cells = [
+            "—" if v not in by_loss else
+            f"{by_loss[v]['mean']:.3f} ± {by_loss[v]['sd']:.3f}, {by_loss[v]['failed']} failed, "
+            f"lr {by_loss[v]['rate']:g}"
+            for v in LOSSES
+        ]  # fmt: skip
+        lines.append(f"| {group} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def report(out: dict[str, Any]) -> list[str]:
     lines = ["## The answer", "", f"**{out['headline']}** (the plan's definition).", "",
+             "## Each loss's mean final reward, task by regime", "",
+             "Each loss at its own rate (the pilot's); the mean over the grid seeds ± its "
+             "standard deviation, and the failed runs (descriptive; the tests follow).", "",
+             *means_table(out["means"]), "",
              "## Primary: final reward, each loss at its own rate", "",
              "GMPO minus the other, the seed as the unit; two-sided exact sign test, Holm over "
              "every row; verdict by the plan's rule.", "", *verdict_table(out["primary"]), "",

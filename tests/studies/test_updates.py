@@ -160,6 +160,15 @@ def test_the_analysis_tests_each_regime_with_holm_over_the_plan(
     assert out["sanity"]["reverse"]["passed"] and out["sanity"]["reverse"]["equal_seeds"] == 16
     assert len(out["failures"]) == 32 and "robustness" not in out
     assert "| reverse, 4 updates: gmpo vs dapo_trl | 16 | 16 | 0 | 0 |" in "\n".join(lines)
+    # the regime x loss table: each loss's mean over its 16 seeds at its own rate
+    means = out["means"]["reverse, 2 updates"]
+    assert means["grpo"]["mean"] == pytest.approx(0.4) and means["grpo"]["seeds"] == 16
+    assert means["gspo"]["mean"] == pytest.approx(0.6) and means["gspo"]["sd"] > 0
+    assert means["cispo_trl"]["rate"] == 1e-3 and means["gmpo"]["rate"] == 4e-3
+    assert (
+        "| reverse, 2 updates | 0.600 ± 0.000, 0 failed, lr 0.004 | 0.400 ± 0.000, 0 failed, "
+        "lr 0.002 |"
+    ) in "\n".join(lines)
 
 
 def test_the_headline_and_the_verdicts_follow_the_plans_numbers(
