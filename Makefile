@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup train train-real figures-real-model test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-confirm-analysis study-confirm-reruns study-regime tasks-gym figures-vllm bench-env figures-liger study-which-loss-pilot study-which-loss study-which-loss-analysis study-which-loss-trl study-which-loss-sensitivity study-updates-timing study-updates-pilot study-updates study-updates-robustness study-updates-chain-sum study-updates-budget study-updates-analysis
+.PHONY: help setup train train-real figures-real-model test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-confirm-analysis study-confirm-reruns study-regime tasks-gym figures-vllm bench-env figures-liger study-which-loss-pilot study-which-loss study-which-loss-analysis study-which-loss-trl study-which-loss-sensitivity study-updates-timing study-updates-pilot study-updates study-updates-robustness study-updates-chain-sum study-updates-budget study-updates-analysis study-updates-real
 
 #: list every target with its one-line summary
 help:
@@ -491,3 +491,11 @@ study-updates-budget: setup
 #: the regime study's planned analysis: results/updates/updates.*
 study-updates-analysis: setup
 	$(UPDATES) analysis
+
+## the real-model cross-check (the plan's erratum of 2026-12-04): gmpo compare --against dapo_trl on
+## chat_chain_sum (SmolLM2-135M-Instruct), seeds 6100-6102, at 1 update and at u* (the regime of the
+## primary table's largest averaged difference against dapo_trl), seed by seed within 3.5 hours;
+## then results/updates/real/ (each seed's summary, the wall-clock, real.md and real.json)
+#: the regime study's real-model cross-check: results/updates/real/
+study-updates-real: setup
+	$(UPDATES) real

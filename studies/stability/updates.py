@@ -7,6 +7,7 @@ updates per generation batch, each loss at its own learning rate.
     python -m studies.stability.updates grid --robustness # then each loss at twice its rate
     python -m studies.stability.updates analysis          # the planned analysis
     python -m studies.stability.updates budget            # spent, and what still fits
+    python -m studies.stability.updates real              # the real-model cross-check
 
 Every rule here is the plan's, fixed before its pilot ran. Each step runs the study's sweep
 (``python -m studies.stability``, one invocation per task and regime, printed before it runs;
@@ -56,6 +57,7 @@ from studies.stability.updates_plan import (
     share_warm,
     sweep_argv,
 )
+from studies.stability.updates_real import real
 from studies.stability.updates_timing import budget, timing
 from studies.stability.which_loss import GMPO
 
@@ -164,7 +166,7 @@ def grid(args: argparse.Namespace) -> int:
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m studies.stability.updates",
                                 description=__doc__.split("\n\n")[0])  # fmt: skip
-    p.add_argument("step", choices=("timing", "pilot", "grid", "analysis", "budget"))
+    p.add_argument("step", choices=("timing", "pilot", "grid", "analysis", "budget", "real"))
     p.add_argument("--tasks", default=",".join(TASKS),
                    help=f"comma list (default {','.join(TASKS)}; {EXTRA_TASK} if the budget allows)")  # fmt: skip
     p.add_argument("--runs", type=Path, default=RUNS, help=f"the sweeps' folder (default {RUNS})")
@@ -173,9 +175,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--robustness", action="store_true", help="grid: then each loss at 2x its rate")
     p.add_argument("--dry-run", action="store_true", help="print the sweeps' commands only")
+    p.add_argument("--gmpo", default=str(Path(sys.executable).parent / "gmpo"),
+                   help="real: the gmpo command (default: beside this Python)")  # fmt: skip
     args = p.parse_args(argv)
     args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    steps = {"timing": timing, "pilot": pilot, "grid": grid, "analysis": analysis, "budget": budget}
+    steps = {"timing": timing, "pilot": pilot, "grid": grid, "analysis": analysis, "budget": budget,
+             "real": real}  # fmt: skip
     return steps[args.step](args)
 
 
