@@ -28,7 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from studies.stability.updates_analysis import group_name
 from studies.stability.updates_plan import CROSS_CHECK_SEEDS, TASKS, regime_name
+from studies.stability.which_loss import GMPO
 
 TASK = "chat_chain_sum"
 AGAINST = "dapo_trl"
@@ -49,15 +51,15 @@ GMPO_LABEL, AGAINST_LABEL = "GMPO", "DAPO_TRL"
 WALL_COLUMNS = ("regime", "seed", "rc", "start", "end", "seconds")
 
 
+def against_rows(primary: dict[str, Any], u: int) -> list[dict[str, Any]]:
+    """The primary table's rows of GMPO against ``dapo_trl`` at ``u`` updates, one per task."""
+    return [primary[f"{group_name(t, u)}: {GMPO} vs {AGAINST}"] for t in TASKS]
+
+
 def averaged_differences(primary: dict[str, Any]) -> dict[int, float]:
     """Per regime: the primary table's mean difference, GMPO minus ``dapo_trl``, averaged over
     the primary tasks' rows."""
-    out = {}
-    for u in FLAGS:
-        name = f"{u} update" + ("s" if u > 1 else "")
-        rows = [primary[f"{t}, {name}: gmpo vs {AGAINST}"]["mean_diff"] for t in TASKS]
-        out[u] = statistics.fmean(rows)
-    return out
+    return {u: statistics.fmean(r["mean_diff"] for r in against_rows(primary, u)) for u in FLAGS}
 
 
 def u_star(primary: dict[str, Any]) -> int:
@@ -102,7 +104,7 @@ def fits(wall: list[dict[str, Any]], budget_h: float = BUDGET_H) -> bool:
 def real(args: argparse.Namespace) -> int:
     """Run the cross-check's seeds that are left (1 update first, then u*), then the report."""
     primary = json.loads((args.results / "updates.json").read_text())["primary"]
-    runs, gmpo = args.runs / "real", str(Path(args.gmpo))
+    runs, gmpo = args.runs / "real", args.gmpo
     wall_path = runs / "wall.tsv"
     for u in regimes(primary):
         for seed in CROSS_CHECK_SEEDS:
@@ -130,26 +132,18 @@ def real(args: argparse.Namespace) -> int:
 
 def _seed_row(summary: dict[str, Any], seed: int) -> dict[str, Any]:
     """One seed's figures from its ``gmpo compare`` summary.json."""
-    final = {o["label"]: o["final"] for o in _outcomes(summary)}
-    runs = {label: rows[0] for label, rows in summary["runs"].items()}
     row: dict[str, Any] = {"seed": seed}
     for label, key in ((GMPO_LABEL, "gmpo"), (AGAINST_LABEL, AGAINST)):
-        row[f"{key}_final"] = final[label]
+        run = summary["runs"][label][0]
+        row[f"{key}_final"] = summary["outcomes"][label][0]["final"]
         for what in ("reward", "right"):
-            row[f"{key}_held_out_{what}_after"] = runs[label][f"held_out_{what}_after"]
-    row["held_out_reward_before"] = runs[GMPO_LABEL]["held_out_reward_before"]
-    row["held_out_right_before"] = runs[GMPO_LABEL]["held_out_right_before"]
-    row["diff_final"] = row["gmpo_final"] - row[f"{AGAINST}_final"]
-    row["diff_held_out_reward"] = (row["gmpo_held_out_reward_after"]
-                                   - row[f"{AGAINST}_held_out_reward_after"])  # fmt: skip
-    row["diff_held_out_right"] = (row["gmpo_held_out_right_after"]
-                                  - row[f"{AGAINST}_held_out_right_after"])  # fmt: skip
+            row[f"{key}_held_out_{what}_after"] = run[f"held_out_{what}_after"]
+            if key == "gmpo":  # the same prompts and draws before training: one number
+                row[f"held_out_{what}_before"] = run[f"held_out_{what}_before"]
+    for diff, key in (("final", "final"), ("held_out_reward", "held_out_reward_after"),
+                      ("held_out_right", "held_out_right_after")):  # fmt: skip
+        row[f"diff_{diff}"] = row[f"gmpo_{key}"] - row[f"{AGAINST}_{key}"]
     return row
-
-
-def _outcomes(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """summary.json's outcomes, one per loss, each with its ``label``."""
-    return [{"label": label, **rows[0]} for label, rows in summary["outcomes"].items()]
 
 
 def _direction(x: float) -> str:
@@ -203,8 +197,7 @@ def _table(
     u: int, rows: list[dict[str, Any]], not_run: list[int], primary: dict[str, Any]
 ) -> list[str]:
     """Markdown: one regime's seeds, their means, and the primary table's direction beside."""
-    name = f"{u} update" + ("s" if u > 1 else "")
-    out = ["", f"## {name} per generation batch", "",
+    out = ["", f"## {group_name(TASK, u)} per generation batch", "",
            f"| seed | GMPO final | {AGAINST} final | difference | GMPO held-out after (right) | "
            f"{AGAINST} held-out after (right) | difference (right) | held-out before (right) | "
            "wall s |",
@@ -229,10 +222,9 @@ def _table(
                 f"{mean['diff_held_out_right']:+.4f}. GMPO higher on {higher['diff_final']} of "
                 f"{len(rows)} seeds (final), {higher['diff_held_out_reward']} of {len(rows)} "
                 f"(held-out). Wall-clock {wall} s ({wall / 60:.1f} min)."]  # fmt: skip
-    prim = [primary[f"{t}, {name}: gmpo vs {AGAINST}"] for t in TASKS]
     out += ["", "The primary table at the same regime (tiny models): " + "; ".join(
         f"{t} {p['mean_diff']:+.4f} ({_direction(p['mean_diff'])}, verdict {p['verdict']})"
-        for t, p in zip(TASKS, prim, strict=True)) + "."]  # fmt: skip
+        for t, p in zip(TASKS, against_rows(primary, u), strict=True)) + "."]  # fmt: skip
     if not_run:
         out += [
             "",

@@ -12,18 +12,16 @@ from typing import Any
 
 from studies.stability import updates
 from studies.stability import updates_real as real
+from studies.stability.updates_analysis import group_name
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _primary(diffs: dict[int, tuple[float, float]]) -> dict[str, Any]:
     """A primary table with GMPO's mean difference against dapo_trl per regime and task."""
-    out = {}
-    for u, per_task in diffs.items():
-        name = f"{u} update" + ("s" if u > 1 else "")
-        for task, d in zip(("reverse", "spell_backward"), per_task, strict=True):
-            out[f"{task}, {name}: gmpo vs dapo_trl"] = {"mean_diff": d, "verdict": "same"}
-    return out
+    return {f"{group_name(task, u)}: gmpo vs dapo_trl": {"mean_diff": d, "verdict": "same"}
+            for u, per_task in diffs.items()
+            for task, d in zip(("reverse", "spell_backward"), per_task, strict=True)}  # fmt: skip
 
 
 def test_u_star_is_the_regime_of_the_largest_averaged_difference() -> None:
