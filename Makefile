@@ -147,9 +147,10 @@ figures-liger: bench-env
 ## learning rates x without/with gradient clipping x 5 seeds, 240 runs of a tiny transformer
 ## reversing 16 digits; about 34 minutes of two idle cores). results/figures-study/all/ (every
 ## method), results/figures-study/ (the three methods of the sign tests, from the same runs):
-## summary.md, summary.json, curves.jsonl.gz and invocations.jsonl (the cost of every invocation in
-## the runs' directory), and docs/img/study_stability.png; the runs in runs/figures-study (a rerun
-## reuses every finished run: delete the directory to start afresh).
+## summary.md, summary.json and invocations.jsonl (the cost of every invocation in the runs'
+## directory), and docs/img/study_stability.png; the runs, with their per-step curves
+## (curves.jsonl.gz, out of git), in runs/figures-study (a rerun reuses every finished run: delete
+## the directory to start afresh).
 ## docs/real_model.md's numbers and figure: the chat tasks' calibration (the untrained model's
 ## reward on the calibration seeds) and `gmpo train --task chat_chain_sum` on seeds 0, 1 and 2
 ## (their time, memory, disk and held-out reward); results/real-model/, docs/img/real_model_reward.png.
@@ -164,21 +165,21 @@ figures-real-model: setup
 figures-study: setup
 	$(BIN)/python -m studies.stability --curves-lr 2e-3 --out runs/figures-study
 	mkdir -p results/figures-study/all
-	cp runs/figures-study/summary.md runs/figures-study/summary.json runs/figures-study/curves.jsonl.gz \
+	cp runs/figures-study/summary.md runs/figures-study/summary.json \
 		runs/figures-study/invocations.jsonl results/figures-study/all/
 	$(BIN)/python -m studies.stability --methods grpo,grpo_wide,gmpo --curves-lr 2e-3 \
 		--out runs/figures-study
 	cp runs/figures-study/summary.md runs/figures-study/summary.json results/figures-study/
-	cp runs/figures-study/curves.jsonl.gz runs/figures-study/invocations.jsonl results/figures-study/
+	cp runs/figures-study/invocations.jsonl results/figures-study/
 	cp runs/figures-study/stability.png docs/img/study_stability.png
 
 ## docs/study.md's confirmatory section, as docs/study_plan.md fixes it: grpo, grpo_wide, gmpo and
 ## gmpo_narrow at learning rate 2e-3, without and with gradient clipping at 1.0, seeds 1000-1019,
 ## on the reverse and add tasks (320 runs; add's clipped cell last, the one the plan drops first);
 ## then the planned analysis. results/study-confirm/: confirm.md and confirm.json, each task's
-## summary.md, summary.json, curves.jsonl.gz and invocations.jsonl (the add warm start's calibration,
-## calibration.md, is `python -m studies.stability.calibrate --out results/study-confirm`). The runs
-## in runs/study-confirm (a rerun reuses every finished run).
+## summary.md, summary.json and invocations.jsonl (the add warm start's calibration,
+## calibration.md, is `python -m studies.stability.calibrate --out results/study-confirm`). The runs,
+## with their per-step curves (out of git), in runs/study-confirm (a rerun reuses every finished run).
 CONFIRM_SEEDS := $(shell seq -s, 1000 1019)
 CONFIRM = $(BIN)/python -m studies.stability --methods grpo,grpo_wide,gmpo,gmpo_narrow --lr 2e-3 \
 	--seeds $(CONFIRM_SEEDS) --curves-lr 2e-3
@@ -189,8 +190,7 @@ study-confirm: setup
 	$(CONFIRM) --task add --grad-clip none,1.0 --out runs/study-confirm/add
 	for t in reverse add; do mkdir -p results/study-confirm/$$t && \
 		cp runs/study-confirm/$$t/summary.md runs/study-confirm/$$t/summary.json \
-		runs/study-confirm/$$t/curves.jsonl.gz runs/study-confirm/$$t/invocations.jsonl \
-		results/study-confirm/$$t/; done
+		runs/study-confirm/$$t/invocations.jsonl results/study-confirm/$$t/; done
 	$(MAKE) study-confirm-analysis
 
 ## The analysis alone (seconds), from the sweeps' files in results/study-confirm/: the plan's
@@ -203,7 +203,8 @@ study-confirm-analysis: setup
 ## docs/study_confirm.md's reruns (about 6 minutes of CPU): one run of the grid again (reverse,
 ## seed 1000, grpo without clipping), twice, the second recomputed (--fresh): is a rerun
 ## bit-identical to the grid's run, and to itself? And add at lower learning rates, grpo and gmpo
-## on seeds 1000-1002. results/study-confirm/reruns/ (reruns.md: each rerun beside the grid)
+## on seeds 1000-1002. results/study-confirm/reruns/ (reruns.md: each rerun beside the grid, records
+## and curves compared in runs/, where `make study-confirm` left the grid's)
 RERUN = $(BIN)/python -m studies.stability --task reverse --methods grpo --lr 2e-3 \
 	--grad-clip none --seeds 1000 --workers 1
 RERUNS = runs/study-confirm-reruns
@@ -215,11 +216,10 @@ study-confirm-reruns: setup
 		--grad-clip none --seeds 1000,1001,1002 --out $(RERUNS)/add-lower-lr
 	for d in reverse-seed1000 reverse-seed1000-again add-lower-lr; do \
 		mkdir -p results/study-confirm/reruns/$$d && \
-		cp $(RERUNS)/$$d/summary.md $(RERUNS)/$$d/summary.json $(RERUNS)/$$d/curves.jsonl.gz \
+		cp $(RERUNS)/$$d/summary.md $(RERUNS)/$$d/summary.json \
 		$(RERUNS)/$$d/invocations.jsonl results/study-confirm/reruns/$$d/; done
-	$(BIN)/python -m studies.stability.reruns results/study-confirm/reverse results/study-confirm/add \
-		--reruns results/study-confirm/reruns/reverse-seed1000 \
-		results/study-confirm/reruns/reverse-seed1000-again results/study-confirm/reruns/add-lower-lr \
+	$(BIN)/python -m studies.stability.reruns runs/study-confirm/reverse runs/study-confirm/add \
+		--reruns $(RERUNS)/reverse-seed1000 $(RERUNS)/reverse-seed1000-again $(RERUNS)/add-lower-lr \
 		--out results/study-confirm/reruns
 
 ## docs/study.md's regime question (exploratory): grpo_wide and gmpo at 5e-3 on seeds 500-502, in
@@ -235,7 +235,7 @@ study-regime: setup
 	$(REGIME) --setup beta2=0.99,warm_lr=1e-3,warm_batch=128,tied=false --out runs/study-regime/all
 	for d in base adam_beta2 warm_start model all; do mkdir -p results/study-regime/$$d && \
 		cp runs/study-regime/$$d/summary.md runs/study-regime/$$d/summary.json \
-		runs/study-regime/$$d/curves.jsonl.gz results/study-regime/$$d/; done
+		results/study-regime/$$d/; done
 	$(BIN)/python -m studies.stability.regime runs/study-regime/base runs/study-regime/adam_beta2 \
 		runs/study-regime/warm_start runs/study-regime/model runs/study-regime/all --out results/study-regime
 
