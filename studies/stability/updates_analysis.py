@@ -173,13 +173,13 @@ def means_of(groups: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any
     out: dict[str, dict[str, Any]] = {}
     for group, records in groups.items():
         for v in LOSSES:
-            xs = [r["final_reward"] for r in records if r["variant"] == v]
+            runs = [r for r in records if r["variant"] == v]
+            xs = [r["final_reward"] for r in runs]
             if xs:
                 out.setdefault(group, {})[v] = {
-                    "rate": next(r["own_lr"] for r in records if r["variant"] == v),
-                    "seeds": len(xs), "mean": statistics.fmean(xs),
+                    "rate": runs[0]["own_lr"], "seeds": len(xs), "mean": statistics.fmean(xs),
                     "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0,
-                    "failed": sum(r["failed"] for r in records if r["variant"] == v),
+                    "failed": sum(r["failed"] for r in runs),
                 }  # fmt: skip
     return out
 
