@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GMPO with TRL + vLLM on GPUs. NOT run in CI (needs CUDA GPUs, vLLM and the hub).
 #
-#   pip install "gmpo[trl]" vllm math-verify
+#   pip install -e ".[trl]" vllm math-verify    # in a clone of this repository
 #
 # Usage: examples/trl/run.sh colocate   # vLLM shares each training GPU (one node, N GPUs)
 #        examples/trl/run.sh server     # vLLM on GPU 0 as a server, training on GPUs 1..N-1

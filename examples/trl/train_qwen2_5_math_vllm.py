@@ -5,7 +5,8 @@ a verifiable accuracy reward (``math_verify``), GMPO's clip range e^±0.4, no KL
 vLLM for generation with its importance-sampling correction (GRPOConfig's default
 ``vllm_importance_sampling_mode="sequence_mask"``, which GMPO applies as a row weight).
 
-Needs: a CUDA machine, ``pip install "gmpo[trl]" vllm math-verify``, and the hub.
+Needs: a CUDA machine, ``pip install -e ".[trl]" vllm math-verify`` in a clone of this
+repository, and the hub.
 See ``run.sh`` beside this file for the colocate and server commands.
 """
 

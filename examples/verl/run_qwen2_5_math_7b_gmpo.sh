@@ -6,7 +6,7 @@
 # command's overrides on a laptop for a few small steps (docs/verl.md).
 #
 # Setup:
-#   pip install "gmpo[verl]" vllm               # the install registers loss_mode=gmpo
+#   pip install -e ".[verl]" vllm               # in a clone; the install registers loss_mode=gmpo
 #   # data, with verl's own preprocessing scripts (verl repository, examples/data_preprocess/):
 #   python examples/data_preprocess/gsm8k.py --local_save_dir ~/data/gsm8k
 #   python examples/data_preprocess/math_dataset.py --local_save_dir ~/data/math
