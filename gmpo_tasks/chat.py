@@ -31,6 +31,12 @@ from typing import Any, ClassVar
 
 from gmpo_tasks.gym import GymTask
 
+#: a number as a reply writes it, read whole: a sign (not a minus between two numbers: ``10-3``
+#: is 10 and 3), digits with any commas between them (the gym strips commas: ``1,000`` is 1000),
+#: and a decimal part (``12.0`` is 12, ``2.5`` is not 5; a full stop after it ends a sentence);
+#: the gym's ``score_answer`` parses it
+NUMBER = re.compile(r"(?:(?<![\w.)])[+-])?\d+(?:,\d+)*(?:\.\d+)?")
+
 
 @dataclass(frozen=True)
 class RealCell:
