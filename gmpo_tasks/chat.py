@@ -16,6 +16,15 @@ for the last number: results/real-model/calibration.md). :meth:`ChatTask.format_
 answer format itself (1 for a reply that is the answer alone, else 0), which ``--format_reward``
 adds to the task's reward.
 
+**The held-out split is disjoint from training by construction.** A question is held out iff the
+sha256 of its text (whitespace collapsed) falls in one residue class modulo
+:data:`HELD_OUT_EVERY` (:func:`held_out_question`): a function of the question alone, the same
+for every seed, dataset size, task and process. Training draws (:meth:`ChatTask.entries`,
+:meth:`ChatTask.dataset`) skip the held-out questions and held-out draws
+(:meth:`ChatTask.held_out`: the evaluation's and the calibration's) take only them, walking the
+gym's seeded sequence of entries until they have ``n``; so no training dataset of any seed and
+size holds a question any held-out draw can hold (tests/tasks/test_chat_split.py).
+
 A run trains :attr:`~ChatTask.model_name` (``gmpo_tasks.pretrained``) unless ``--model`` names
 another chat model, with the task's :attr:`~ChatTask.settings`, chosen by measurement on two
 cores (docs/real_model.md).
@@ -23,19 +32,33 @@ cores (docs/real_model.md).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from gmpo_tasks.gym import GymTask
+from gmpo_tasks.gym import _ENTRIES, GymTask, _remember
 
 #: a number as a reply writes it, read whole: a sign (not a minus between two numbers: ``10-3``
 #: is 10 and 3), digits with any commas between them (the gym strips commas: ``1,000`` is 1000),
 #: and a decimal part (``12.0`` is 12, ``2.5`` is not 5; a full stop after it ends a sentence);
 #: the gym's ``score_answer`` parses it
 NUMBER = re.compile(r"(?:(?<![\w.)])[+-])?\d+(?:,\d+)*(?:\.\d+)?")
+
+#: one question in this many is held out (its hash's residue class): about 12%
+HELD_OUT_EVERY = 8
+#: draws without a question of the wanted class, per question wanted, before a draw gives up (a
+#: question space whose held-out class is empty or nearly so)
+MAX_MISSES = 1000
+
+
+def held_out_question(question: str) -> bool:
+    """Whether a question is held out: the sha256 of its text, whitespace collapsed, is 0
+    modulo :data:`HELD_OUT_EVERY`. A function of the text alone."""
+    digest = hashlib.sha256(" ".join(question.split()).encode()).digest()
+    return int.from_bytes(digest[:8], "big") % HELD_OUT_EVERY == 0
 
 
 @dataclass(frozen=True)
@@ -102,17 +125,42 @@ class ChatTask(GymTask):
 
     def dataset(self, seed: int | str, n: int = 2048) -> Any:
         """``n`` prompts (a user message each) as a ``datasets.Dataset`` with the gym's entry of
-        each as JSON (``entry``); the held-out prompts are those of a seed no run trains on
-        (:meth:`held_out`)."""
+        each as JSON (``entry``): training questions only (:meth:`entries`)."""
         from datasets import Dataset
 
         entries = self.entries(n, seed=f"train:{seed}")
         return Dataset.from_dict({"prompt": [self.messages(e) for e in entries],
                                   "entry": [json.dumps(e) for e in entries]})  # fmt: skip
 
-    def held_out(self, n: int) -> list[dict[str, Any]]:
-        """``n`` entries that no training run draws (a seed of their own): the evaluation's."""
-        return self.entries(n, seed="held-out")
+    def draw(self, n: int, *, seed: int | str, held_out: bool) -> list[dict[str, Any]]:
+        """The first ``n`` entries of the gym's sequence of ``seed`` whose question is held out
+        (``held_out``) or not (:func:`held_out_question`), the same for the same ``seed``; each
+        is kept under its prompt (:meth:`entry`)."""
+        data = self.gym_dataset(n, seed)
+        out: list[dict[str, Any]] = []
+        for index in range(MAX_MISSES * n + MAX_MISSES):
+            if len(out) == n:
+                break
+            e = data[index]
+            if held_out_question(e["question"]) == held_out:
+                out.append(e)
+        if len(out) < n:
+            kind = "held-out" if held_out else "training"
+            raise ValueError(f"the {self.name} task has too few {kind} questions: {len(out)} of "
+                             f"{n} in {index + 1} draws")  # fmt: skip
+        for e in out:
+            _remember((self.name, self.compact(e)), e, _ENTRIES)
+        return out
+
+    def entries(self, n: int, *, seed: int | str) -> list[dict[str, Any]]:
+        """``n`` training entries: the gym's entries of ``seed`` whose question is not held out."""
+        return self.draw(n, seed=seed, held_out=False)
+
+    def held_out(self, n: int, seed: int | str = "held-out") -> list[dict[str, Any]]:
+        """``n`` held-out entries (the evaluation's, or the calibration's with a seed of its
+        own): the gym's entries of ``seed`` whose question is held out, which no training draw
+        of any seed holds."""
+        return self.draw(n, seed=f"held-out:{seed}", held_out=True)
 
     # --- the rewards ---------------------------------------------------------------------------
 

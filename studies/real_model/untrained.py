@@ -3,11 +3,11 @@
     python -m studies.real_model.untrained --out results/real-model
 
 A chat task's reward must start where a run can move it: the untrained model's mean reward on
-the task's prompts between 0.05 and 0.6 (:data:`BAND`). Measured on the prompts of the
-calibration seeds 900, 901 and 902 (``entries(n, seed="calibration:<s>")``), which no run
-trains or evaluates on, sampled as a run samples (the task's temperature and completion
-length: ``ChatTask.settings``) by the held-out evaluation's code
-(``gmpo_trl.cli.held_out``). Writes ``calibration.json`` and ``calibration.md``.
+the task's prompts between 0.05 and 0.6 (:data:`BAND`). Measured on held-out questions (which
+no training draw holds: ``ChatTask.held_out``) of the calibration seeds 900, 901 and 902
+(``held_out(n, seed="calibration:<s>")``, draws of their own, not the evaluation's), sampled as
+a run samples (the task's temperature and completion length: ``ChatTask.settings``) by the
+held-out evaluation's code (``gmpo_trl.cli.held_out``). Writes ``calibration.json`` and ``calibration.md``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def calibrate(task_name: str, model_name: str, prompts: int, samples: int) -> di
     per_seed = {}
     start = time.monotonic()
     for seed in SEEDS:
-        entries = task.entries(prompts, seed=f"calibration:{seed}")
+        entries = task.held_out(prompts, seed=f"calibration:{seed}")  # type: ignore[attr-defined]
         per_seed[seed] = held_out_reward(
             model, tokenizer, task, entries=entries, samples=samples,
             max_tokens=cell.completion_length, temperature=cell.temperature,

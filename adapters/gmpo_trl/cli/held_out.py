@@ -1,7 +1,9 @@
 """A chat task's held-out reward: the model's mean reward on prompts no run trains on, sampled as
 training samples them, before and after a run (``summary.json``'s ``held_out_*``).
 
-The prompts are the task's held-out entries (``ChatTask.held_out``: a seed of their own); each
+The prompts are the task's held-out entries (``ChatTask.held_out``: questions of the held-out
+class of the task's split, which no training dataset of any seed or size holds, by
+construction: ``gmpo_tasks.chat``); each
 gets ``samples`` completions of at most the run's ``max_completion_length`` tokens at its
 temperature (transformers' ``generate``, the chat template's generation prompt, left padding),
 scored by the task's reward. The sampling has its own seed and leaves the global random state
