@@ -18,6 +18,7 @@ from gmpo_tasks.catalog import get_task
 from gmpo_tasks.task import Task
 from gmpo_trl.cli.comparators import COMPARATORS
 from gmpo_trl.cli.errors import CLIError
+from gmpo_trl.cli.model_checks import check_hub_id
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
@@ -43,6 +44,8 @@ def check_model(spec: str) -> None:
             raise CLIError(f"--model {spec!r}: not a model directory (no config.json); {accepted}")
     elif _is_path_like(spec):
         raise CLIError(f"--model {spec!r}: no such directory; {accepted}")
+    else:
+        check_hub_id(spec, accepted)  # one line at once where no hub will give it
 
 
 _DATA_KINDS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}

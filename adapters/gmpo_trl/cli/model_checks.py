@@ -4,6 +4,7 @@ template where a chat task's prompts need one, and ``--format_reward`` (a chat t
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -65,3 +66,49 @@ def check_format_reward(task: Task, script: Any) -> Callable[..., Any]:
             f"{' or '.join(chat)} without --dataset"
         )
     return fn  # type: ignore[no-any-return]
+
+
+def check_hub_id(spec: str, accepted: str) -> None:
+    """``--model spec`` names no local directory, so it is read as a hub id. Where it can be
+    told up front that no hub will give it, one line says so at once (the hub client would
+    retry five times over about 25 s, then not say that no local directory was found): offline
+    (``HF_HUB_OFFLINE``) and not in the hub cache; the hub unreachable; the hub without it. A
+    hub id in the hub cache (as transformers resolves it offline) and a packaged model's name
+    ask no network; a gated or private model is the loader's to judge."""
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    from gmpo_tasks import pretrained
+
+    if spec in pretrained.MODELS:
+        return
+    try:
+        if isinstance(try_to_load_from_cache(spec, "config.json"), str):
+            return
+    except ValueError:  # not a valid hub id (huggingface_hub's HFValidationError)
+        raise CLIError(f"--model {spec!r}: no such directory; {accepted}") from None
+    missing = f"--model {spec!r}: no local directory {spec!r} was found, and"
+    needs = f"a hub id needs the network or a copy in the hub cache; {accepted}"
+    if constants.HF_HUB_OFFLINE:
+        raise CLIError(f"{missing} it is not in the hub cache (offline: HF_HUB_OFFLINE); {needs}")
+    endpoint = constants.ENDPOINT
+    unreachable: tuple[type[BaseException], ...] = (OSError,)  # requests' errors too
+    with contextlib.suppress(ImportError):  # huggingface_hub >= 1 asks through httpx
+        import httpx
+
+        unreachable += (httpx.TransportError,)
+    try:
+        HfApi(endpoint=endpoint).model_info(spec, timeout=10)
+    except GatedRepoError:
+        return
+    except RepositoryNotFoundError as err:
+        raise CLIError(f"{missing} the hub ({endpoint}) has no model {spec!r} (a private one "
+                       f"needs `hf auth login`); {accepted}") from err  # fmt: skip
+    except unreachable as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CLIError(
+            f"{missing} it is not in the hub cache, and the hub ({endpoint}) cannot be reached "
+            f"({reason}); {needs}"
+        ) from err
+    except Exception:  # the hub answered otherwise (a server error): the loader will say
+        return
