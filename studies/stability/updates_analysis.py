@@ -152,6 +152,9 @@ def analyze(results: Path, tasks: tuple[str, ...] = TASKS) -> tuple[dict[str, An
     for name, key, sign in (("failures", "failed", -1), ("spread", "spread_all", -1),
                             ("entropy", "entropy_all", +1), ("length", "length_all", +1)):  # fmt: skip
         out[name] = family_of(groups, key, sign)
+    out["verdicts"] = verdict_counts(primary)
+    out["ceiling"] = ceiling(results, out["means"], tasks)
+    out["pilot_spread"] = pilot_spread(results, tasks)
     if any(t == EXTRA_TASK for t, _ in by_dir):
         extra = family_of(groups_of(by_dir, outcome, (EXTRA_TASK,)), "final_reward", +1)
         for t in extra.values():
@@ -165,6 +168,49 @@ def analyze(results: Path, tasks: tuple[str, ...] = TASKS) -> tuple[dict[str, An
     if robust:
         out["robustness"] = family_of(robust, "final_reward", +1)
     return out, report(out)
+
+
+def verdict_counts(tests: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """How many rows of a family have each verdict (the counts the pages write in words)."""
+    return {v: sum(t["verdict"] == v for t in tests.values())
+            for v in ("same", "inconclusive", "helps", "hurts")}  # fmt: skip
+
+
+def ceiling(
+    results: Path, means: dict[str, dict[str, Any]], tasks: tuple[str, ...]
+) -> dict[str, dict[str, Any]]:
+    """Per task: the smallest mean final reward with which GMPO could have been *helps* against
+    TRL's default loss (``dapo_trl``'s mean plus :data:`MIN_EFFECT`, in the users' regime where
+    that is lowest), against the best final reward of any single run, pilot and grid, any loss
+    and rate (the reward is at most 1)."""
+    out = {}
+    for task in tasks:
+        need = min(means[group_name(task, u)]["dapo_trl"]["mean"] + MIN_EFFECT for u in USERS
+                   if group_name(task, u) in means)  # fmt: skip
+        runs = [r for base in (results, results / "pilot") for u in REGIMES
+                if has_records(base / task / regime_name(u))
+                for r in records_of(base / task / regime_name(u))]  # fmt: skip
+        out[task] = {"helps_needs": need, "runs": len(runs),
+                     "best_run": max(r["final_reward"] for r in runs)}  # fmt: skip
+    return out
+
+
+def pilot_spread(results: Path, tasks: tuple[str, ...], updates: int = 16) -> dict[str, Any]:
+    """Exploratory (not in the plan): the pilot's token log-ratio spread at ``updates``, each
+    loss at the same rate, the mean over the pilot seeds, per task and rate. The primary cells
+    compare each loss at its own rate, so their spread mixes the loss with the rate."""
+    out: dict[str, Any] = {}
+    for task in tasks:
+        d = results / "pilot" / task / regime_name(updates)
+        if not has_records(d):
+            continue
+        records = records_of(d)
+        for lr in sorted({r["lr"] for r in records}):
+            row = {v: statistics.fmean(xs) for v in LOSSES
+                   if (xs := [r["spread_all"] for r in records
+                              if r["variant"] == v and r["lr"] == lr])}  # fmt: skip
+            out.setdefault(task, {})[f"{lr:g}"] = row
+    return out
 
 
 def means_of(groups: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
@@ -220,6 +266,23 @@ def report(out: dict[str, Any]) -> list[str]:
                                 ("entropy", "the policy's entropy", "higher"),
                                 ("length", "the completions' length", "longer")):  # fmt: skip
         lines += ["", f"## Secondary: {title}", "", *_test_rows(out[name], better)]
+    lines += ["", "## Counts of the primary rows' verdicts", "",
+              ", ".join(f"{n} {v}" for v, n in out["verdicts"].items()) + f" of {len(out['primary'])}.",
+              "", "## The ceiling: what *helps* needed, against the best single run", "",
+              "| task | GMPO's mean final reward needed for helps against dapo_trl (1, 2 or 4 "
+              "updates) | runs (pilot and grid) | best single run's final reward |",
+              "|---|---:|---:|---:|"]  # fmt: skip
+    for task, c in out["ceiling"].items():
+        lines.append(f"| {task} | {c['helps_needs']:.3f} | {c['runs']} | {c['best_run']:.4f} |")
+    lines += ["", "## Exploratory: the pilot's spread at 16 updates, each loss at the same rate",
+              "", "Not in the plan: the mean token log-ratio spread over the pilot seeds; the "
+              "primary cells run each loss at its own rate, so their spread mixes loss and rate.",
+              "", "| task | rate | " + " | ".join(LOSSES) + " |",
+              "|---|---:|" + "---:|" * len(LOSSES)]  # fmt: skip
+    for task, by_lr in out["pilot_spread"].items():
+        for lr, row in by_lr.items():
+            cells = [f"{row[v]:.3f}" if v in row else "—" for v in LOSSES]
+            lines.append(f"| {task} | {lr} | " + " | ".join(cells) + " |")
     if "chain_sum" in out:
         lines += ["", "## chain_sum (run after the primary tasks; its own family)", "",
                   *verdict_table(out["chain_sum"])]  # fmt: skip

@@ -387,3 +387,40 @@ def test_committed_records_are_gzipped_and_read_back(tmp_path: Path) -> None:
     assert plan.has_records(dst) and plan.has_records(src) and not plan.has_records(tmp_path)
     assert plan.records_of(dst) == plan.records_of(src) == records
     assert len(first) < (src / "summary.json").stat().st_size / 3
+
+
+def test_the_analysis_counts_the_verdicts_the_ceiling_and_the_pilots_spread(
+    tmp_path: Path, few_resamples: None
+) -> None:
+    """The counts the pages write in words (docs/regime.md, README.md, docs/which_loss.md) and
+    the ceiling and exploratory spread docs/regime.md quotes come from the analysis (issue #50)."""
+    # as in the first analysis test: grpo the same at 1 update and 0.2 below after (2 same, 6
+    # helps), dapo_trl 0.1 below (8 helps), gspo within noise (8 same), cispo_trl 0.1 above
+    # (8 hurts)
+    finals = {"gmpo": lambda s, u: 0.6, "grpo": lambda s, u: 0.6 if u == 1 else 0.4,
+              "dapo_trl": lambda s, u: 0.5,
+              "gspo": lambda s, u: 0.6 + (0.001 if s % 2 else -0.001),
+              "cispo_trl": lambda s, u: 0.7}  # fmt: skip
+    results = _grid(tmp_path, finals)
+    # the pilot at 16 updates on reverse: gmpo and grpo at one rate, spreads 0.1, 0.2, 0.3 and
+    # 0.3, 0.3, 0.3 over three seeds
+    pilot = results / "pilot" / "reverse" / plan.regime_name(16)
+    pilot.mkdir(parents=True)
+    spreads = {"gmpo": (0.1, 0.2, 0.3), "grpo": (0.3, 0.3, 0.3)}
+    pilot_runs = [_run(v, 1e-3, s, 0.95 + 0.01 * s, spread_all=x)
+                  for v, xs in spreads.items() for s, x in enumerate(xs)]  # fmt: skip
+    (pilot / "summary.json").write_text(json.dumps(pilot_runs))
+    out, lines = analysis.analyze(results)
+    assert out["verdicts"] == {"same": 10, "inconclusive": 0, "helps": 14, "hurts": 8}
+    text = "\n".join(lines)
+    assert "10 same, 0 inconclusive, 14 helps, 8 hurts of 32." in text
+    # helps against dapo_trl (0.5 everywhere) needs a mean of 0.5 + 0.02; the best single run
+    # is a pilot run (0.97, seed 2) on reverse, cispo_trl's 0.7 on spell_backward
+    assert out["ceiling"]["reverse"]["helps_needs"] == pytest.approx(0.52)
+    assert out["ceiling"]["reverse"]["best_run"] == pytest.approx(0.97)
+    assert out["ceiling"]["spell_backward"]["best_run"] == pytest.approx(0.7)
+    assert out["ceiling"]["reverse"]["runs"] == out["ceiling"]["spell_backward"]["runs"] + 6
+    assert out["pilot_spread"] == {
+        "reverse": {"0.001": {"gmpo": pytest.approx(0.2), "grpo": pytest.approx(0.3)}}
+    }
+    assert "| reverse | 0.001 | 0.200 | 0.300 | — | — | — |" in text
