@@ -16,6 +16,13 @@ Anything else that is not a measured number (a hyper-parameter, a size, a versio
 in ``scripts/doc_pages.json`` (read into ``PAGES``), so that a review sees each one. An
 exemption that no longer occurs on its page is reported too.
 
+Counts of verdicts written in words ("27 of 32 primary rows *same*", "5 *inconclusive*", "none
+*hurts*") are checked too, on a page whose entry names an analysis output under ``"verdicts"``:
+``{"results/updates/updates.json": "primary"}`` counts the ``verdict`` of each row of that JSON
+file's ``primary`` family, and every count the page writes before a verdict word (and every total
+of rows it names beside one) must equal it; such a page must state at least one count. A quote of
+an old, wrong text (an erratum's) goes in inline code, which neither check reads.
+
 To check a new page: add ``"path/to/page.md": {"results": [globs...], "exempt": {...},
 "figures": {...}}`` to ``scripts/doc_pages.json``, run ``python scripts/doc_numbers.py
 path/to/page.md``, and for each number reported either point the page at the results file that
@@ -47,6 +54,8 @@ class Page:
     #: every image the page shows -> the Makefile target (a prerequisite of `figures`) whose
     #: recipe, or a script it runs, writes it
     figures: dict[str, str] = field(default_factory=dict)
+    #: an analysis output (a JSON file) -> the family of rows whose verdicts the page counts
+    verdicts: dict[str, str] = field(default_factory=dict)
 
 
 # The registered pages: their results files (the Markdown results only: the JSON beside each
@@ -57,6 +66,7 @@ PAGES: dict[str, Page] = {
         results=tuple(entry["results"]),
         exempt=entry.get("exempt", {}),
         figures=entry.get("figures", {}),
+        verdicts=entry.get("verdicts", {}),
     )
     for name, entry in json.loads((ROOT / "scripts" / "doc_pages.json").read_text()).items()
 }
@@ -113,6 +123,81 @@ def quoted_numbers(text: str) -> list[Quoted]:
     return out
 
 
+VERDICTS = ("same", "inconclusive", "helps", "hurts")
+_WORD_COUNTS = {"none": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5,
+                "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10}  # fmt: skip
+# a count before a verdict word: "28 are *same*", "4 inconclusive", "none *hurts*", "27 of 32
+# primary rows *same*", "28 of its 32 comparisons are the same"
+_COUNT_CLAIM = re.compile(
+    r"(?<![\w.])(?P<n>\d+|" + "|".join(_WORD_COUNTS) + r")\s+"
+    r"(?:of\s+(?:the\s+|its\s+)?(?P<total>\d+)\s+(?:primary\s+)?(?:rows|comparisons)\s+)?"
+    r"(?:(?:are|is|rows?)\s+)?(?:the\s+)?\*?(?P<verdict>" + "|".join(VERDICTS) + r")\*?(?![\w])",
+    re.I,
+)
+# a total of rows named without a count: "Of the 32 primary rows, ..."
+_ROW_TOTAL = re.compile(
+    r"\bof\s+(?:the|its)\s+(?P<total>\d+)\s+primary\s+(?:rows|comparisons)\b", re.I
+)
+
+
+@dataclass(frozen=True)
+class Claim:
+    verdict: str | None  # None: a total of rows
+    count: int
+    line: int
+
+
+def verdict_claims(text: str) -> list[Claim]:
+    """The counts of verdicts (and totals of rows) a page writes in its prose (see the module
+    docstring; inline code, where an erratum quotes an old text, is not read)."""
+    body = prose(text)
+    claims = []
+
+    def line_of(pos: int) -> int:
+        return body.count("\n", 0, pos) + 1
+
+    for m in _COUNT_CLAIM.finditer(body):
+        n = m["n"].lower()
+        count = _WORD_COUNTS[n] if n in _WORD_COUNTS else int(n)
+        claims.append(Claim(m["verdict"].lower(), count, line_of(m.start())))
+        if m["total"]:
+            claims.append(Claim(None, int(m["total"]), line_of(m.start("total"))))
+    for m in _ROW_TOTAL.finditer(body):
+        claims.append(Claim(None, int(m["total"]), line_of(m.start())))
+    return sorted(claims, key=lambda c: c.line)
+
+
+def verdict_counts(path: str, family: str) -> dict[str | None, int]:
+    """Rows per verdict in ``family`` of the analysis output ``path`` (key None: all rows)."""
+    rows = json.loads((ROOT / path).read_text())[family].values()
+    counts: dict[str | None, int] = {v: 0 for v in VERDICTS}
+    for row in rows:
+        counts[row["verdict"]] = counts.get(row["verdict"], 0) + 1
+    counts[None] = len(rows)
+    return counts
+
+
+def verdict_problems(name: str, page: Page, text: str) -> list[str]:
+    """Each count of verdicts the page writes that its analysis output does not hold."""
+    problems = []
+    claims = verdict_claims(text)
+    for path, family in page.verdicts.items():
+        if not (ROOT / path).is_file():
+            problems.append(f"{name}: no analysis output {path!r}")
+            continue
+        if not claims:
+            problems.append(f"{name}: states no count of {path!r}'s {family} verdicts")
+        counts = verdict_counts(path, family)
+        for c in claims:
+            if counts.get(c.verdict, 0) != c.count:
+                what = f"{c.verdict} rows" if c.verdict else "rows in all"
+                problems.append(
+                    f"{name}:{c.line}: {c.count} {what}, but {path}'s {family} family has "
+                    f"{counts.get(c.verdict, 0)}"
+                )
+    return problems
+
+
 def result_values(patterns: tuple[str, ...]) -> list[float]:
     values = []
     for pattern in patterns:
@@ -147,7 +232,7 @@ def figure_problem(name: str, image: str, target: str) -> str | None:
 
 def check_page(name: str, page: Page, text: str | None = None) -> list[str]:
     """What is wrong with one page: numbers no results file holds, stale exemptions, missing
-    results files, images without a figure step."""
+    results files, images without a figure step, counts of verdicts the analysis does not hold."""
     text = (ROOT / name).read_text() if text is None else text
     problems = []
     for pattern in page.results:
@@ -162,6 +247,7 @@ def check_page(name: str, page: Page, text: str | None = None) -> list[str]:
             abs(v - q.value) <= q.tolerance * (1 + 1e-9) for v in values
         ):
             problems.append(f"{name}:{q.line}: {q.text} is in no results file of the page")
+    problems += verdict_problems(name, page, text)
     written = {q.text for q in quoted}
     for number in page.exempt:
         if number not in written:

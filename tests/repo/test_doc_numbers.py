@@ -7,6 +7,7 @@ results files the pages quote.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -106,4 +107,50 @@ def test_a_figure_must_be_redrawn_by_make_figures(tmp_path, monkeypatch) -> None
     assert problems == [
         "page.md: img/b.png: figures-b is not a prerequisite of `make figures`",
         "page.md: img/d.png: neither `make figures-a` nor a script it runs writes it",
+    ]
+
+
+def test_the_regime_studys_counts_are_checked_against_its_analysis() -> None:
+    """The pages that count the regime study's verdicts in words are tested against
+    results/updates/updates.json (a count of 28 *same* passed the number check, issue #50)."""
+    counted = {n for n, p in doc_numbers.PAGES.items() if p.verdicts}
+    assert {"README.md", "docs/regime.md", "docs/which_loss.md"} <= counted
+
+
+def _analysis(tmp_path: Path, verdicts: list[str]) -> None:
+    rows = {f"row {i}": {"verdict": v} for i, v in enumerate(verdicts)}
+    (tmp_path / "a.json").write_text(json.dumps({"primary": rows, "other": {}}))
+
+
+def test_a_wrong_count_of_verdicts_is_reported(tmp_path, monkeypatch) -> None:
+    _analysis(tmp_path, ["same"] * 3 + ["inconclusive"])
+    kw = {"verdicts": {"a.json": "primary"}}
+    right = "Of the 4 primary rows, 3 are *same* and one is *inconclusive*; none *hurts*.\n"
+    assert _check(right, "4 3\n", tmp_path, monkeypatch, **kw) == []
+    assert _check("3 of 4 primary rows *same*, 1 *inconclusive*\n", "", tmp_path, monkeypatch,
+                  **kw) == []  # fmt: skip
+    # the wording of the README and docs/which_loss.md before issue #50, and a wrong total
+    wrong = "4 of its 5 comparisons are the same within\n±0.05 and none inconclusive\n"
+    assert _check(wrong, "4 5 0.05\n", tmp_path, monkeypatch, **kw) == [
+        "page.md:1: 4 same rows, but a.json's primary family has 3",
+        "page.md:1: 5 rows in all, but a.json's primary family has 4",
+        "page.md:2: 0 inconclusive rows, but a.json's primary family has 1",
+    ]
+
+
+def test_an_erratum_quotes_the_old_count_in_inline_code(tmp_path, monkeypatch) -> None:
+    _analysis(tmp_path, ["same", "inconclusive"])
+    kw = {"verdicts": {"a.json": "primary"}}
+    page = "It said `2 are *same*`; 1 is *same* and 1 *inconclusive*.\n"
+    assert _check(page, "", tmp_path, monkeypatch, **kw) == []
+
+
+def test_a_page_that_counts_verdicts_must_state_a_count(tmp_path, monkeypatch) -> None:
+    _analysis(tmp_path, ["same"])
+    kw = {"verdicts": {"a.json": "primary"}}
+    assert _check("every row is *same*\n", "", tmp_path, monkeypatch, **kw) == [
+        "page.md: states no count of 'a.json''s primary verdicts"
+    ]
+    assert _check("1 *same*\n", "", tmp_path, monkeypatch, verdicts={"b.json": "primary"}) == [
+        "page.md: no analysis output 'b.json'"
     ]
