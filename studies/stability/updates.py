@@ -7,6 +7,7 @@ updates per generation batch, each loss at its own learning rate.
     python -m studies.stability.updates grid --robustness # then each loss at twice its rate
     python -m studies.stability.updates analysis          # the planned analysis
     python -m studies.stability.updates budget            # spent, and what still fits
+    python -m studies.stability.updates budget --next 3   # ... before the plan's third part
     python -m studies.stability.updates real              # the real-model cross-check
 
 Every rule here is the plan's, fixed before its pilot ran. Each step runs the study's sweep
@@ -175,6 +176,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--robustness", action="store_true", help="grid: then each loss at 2x its rate")
     p.add_argument("--dry-run", action="store_true", help="print the sweeps' commands only")
+    p.add_argument("--next", type=int, default=2,
+                   help="budget: the part about to run, its row in the plan's table (default 2: "
+                        "the first after the primary pilot and grid)")  # fmt: skip
     p.add_argument("--gmpo", default=str(Path(sys.executable).parent / "gmpo"),
                    help="real: the gmpo command (default: beside this Python)")  # fmt: skip
     args = p.parse_args(argv)

@@ -129,27 +129,36 @@ def order_rows(plan: list[dict[str, Any]]) -> list[str]:
 
 
 def budget(args: argparse.Namespace) -> int:
-    """The plan's budget rule, for the lead before each part: the wall-clock spent so far (every
-    pilot and grid sweep's ``invocations.jsonl`` under ``--runs``, the timing's apart) and, for
-    each part of :data:`ORDER`, whether the spent time plus its estimate (``timing.json``) stays
-    within :data:`BUDGET_H` hours; a part that does not is dropped, with every later one. The
-    first part (the primary tasks' pilot and grid) is never dropped."""
+    """The plan's budget rule, for the lead before each part after the first: the wall-clock
+    spent so far (every pilot and grid sweep's ``invocations.jsonl`` under ``--runs``, the
+    timing's apart), then the parts of :data:`ORDER` from ``--next`` on (the one about to run;
+    the ones before it ran and are in the spent time), added up in the order they run as the
+    plan's table is: a part fits where the spent time plus its estimate and those of the parts
+    before it that still run stays within :data:`BUDGET_H` hours; one that does not is
+    dropped, with every later one. The first part (the primary tasks' pilot and grid) is never
+    dropped."""
     spent = sum(i["wall_s"] for path in sorted(args.runs.rglob("invocations.jsonl"))
                 if "timing" not in path.relative_to(args.runs).parts
                 for i in invocations(path.parent)) / 3600  # fmt: skip
     plan = json.loads((args.results / "timing.json").read_text())["estimate"]
     print(f"spent: {spent:.2f} h of the budget's {BUDGET_H:g} h ({args.runs})")
-    dropped = False
-    for i, (name, _, wall) in enumerate(parts(plan)):
-        if i == 0:
-            verdict = "never dropped (the plan)"
+    first = getattr(args, "next", 2)
+    if not 2 <= first <= len(ORDER):
+        raise SystemExit(f"--next {first}: the part about to run, 2 to {len(ORDER)} (the table)")
+    total, dropped = spent, False
+    for i, (name, _, wall) in enumerate(parts(plan), 1):
+        line = f"- {name}: estimate {wall:.2f} h"
+        if i < first:
+            ran = ": ran, in the spent time" + (" (never dropped: the plan)" if i == 1 else "")
+            print(line + ran)
         elif dropped:
-            verdict = "dropped, as an earlier part was"
-        elif spent + wall <= BUDGET_H:
-            verdict = "fits"
+            print(line + ": dropped, as an earlier part was")
         else:
-            verdict, dropped = "does not fit: dropped, with every later part", True
-        print(f"- {name}: estimate {wall:.2f} h; spent + estimate {spent + wall:.2f} h: {verdict}")
+            total += wall
+            fits = total <= BUDGET_H
+            verdict = "fits" if fits else "does not fit: dropped, with every later part"
+            dropped = not fits
+            print(f"{line}; spent + the parts to here {total:.2f} h: {verdict}")
     return 0
 
 
