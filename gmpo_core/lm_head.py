@@ -21,25 +21,17 @@ dH/dz_v = −p_v (log p_v + H)), then accumulates ∂L/∂h = (∂L/∂z) W·s/�
 three (one of them the recomputation): 4/3 of the materialized path's GEMM work, for a working
 set of one (chunk, V) tile instead of several (N, V) tensors.
 
-Within a tile, the element-wise work (max, exp, sums, the gradient formula) runs on blocks of a
-few rows at a time with a scratch buffer that stays in the CPU's cache, so each tile goes through
-main memory about once per pass instead of once per operation.
+Within a tile the element-wise passes run on cache-sized blocks of rows on the CPU. Precision:
+tiles, sums and gradient accumulators are float32 (float64 for float64 inputs), and logits are
+never rounded to bf16/fp16. On the CPU, and for float32 inputs outside autocast, every GEMM runs
+in float32 (a bf16/fp16 weight upcast in blocks of rows); on CUDA in half precision the GEMMs take
+half operands into float32 results, and ``backward_precision`` says whether ∂L/∂z is rounded to
+half for the backward's two (``gmpo_core._gemms`` has the rules). Outputs are float32 (float64
+for float64 inputs); gradients reach ``hidden``, ``weight`` and ``bias`` in their own dtypes.
 
-Precision: tiles, sums and gradient accumulators are float32 (float64 for float64 inputs), and
-logits are never rounded to bf16/fp16. On the CPU, and wherever the inputs are float32 outside
-autocast, every GEMM runs in float32: a bf16/fp16 weight is upcast in blocks of rows, so no
-full-size float32 copy of it exists. On CUDA in half precision (bf16/fp16 weights, or under
-autocast) the GEMMs take the half-precision operands with float32 accumulation and a float32
-result (tensor cores), and ``backward_precision`` says whether the backward's GEMMs take ∂L/∂z
-rounded to half precision or run in float32 (``gmpo_core._gemms`` has the rules, one pure
-function of the device type, dtypes and autocast state). The weight gradient is accumulated in
-float32 across chunks in one (V, H) buffer, cast to the weight's dtype once at the end. Outputs
-``logps`` and ``entropies`` are float32 (float64 for float64 inputs); the gradients reach
-``hidden``, ``weight`` and ``bias`` in their own dtypes.
-
-The interface mirrors TRL 1.16's ``trl.kernels.ChunkedLogProbFunction`` (hidden states, LM-head
-weight and bias, target ids, temperature, chunk size; returns log-probs and entropies), so a
-trainer can swap one for the other.
+``backend="triton"`` runs the same computation as fused Triton kernels whose logits never leave
+the chip (``gmpo_core._triton_head``, imported only then). The interface mirrors TRL 1.16's
+``trl.kernels.ChunkedLogProbFunction``, so a trainer can swap one for the other.
 """
 
 from __future__ import annotations
@@ -65,6 +57,7 @@ from gmpo_core._gemms import (
 )
 
 __all__ = [
+    "BACKENDS",
     "BACKWARD_PRECISIONS",
     "DEFAULT_CHUNK_SIZE",
     "GemmPlan",
@@ -78,11 +71,12 @@ __all__ = [
 #: memory. Smaller chunks make the GEMMs narrower (slower) and re-read W more often; see
 #: docs/lm_head.md for the measurements behind this value.
 DEFAULT_CHUNK_SIZE = 256
+#: ``backend``: torch ops on float32 tiles (default), or fused Triton kernels
+BACKENDS = ("torch", "triton")
 
-# Scratch bytes for the row blocks of the element-wise passes on CPU: small enough that a block
-# and its scratch stay in the last-level cache between the passes, large enough that each pass is
-# one cheap parallel region (with 2 threads, blocks of 6 rows of V = 151,936 made `amax` and
-# `sub_` 40x slower per element than blocks of 32 rows; measured with torch 2.13).
+# Scratch bytes for the CPU's row blocks: a block and its scratch stay in the last-level cache,
+# and each pass is one cheap parallel region (2 threads, V = 151,936: blocks of 6 rows made
+# `amax` and `sub_` 40x slower per element than blocks of 32; torch 2.13).
 _SCRATCH_BYTES = 20 << 20
 
 
@@ -96,8 +90,7 @@ class TokenLogProbs(NamedTuple):
 
 
 def _autocast_off(device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    """Autocast disabled for ``device``'s type, where that type has autocast at all: ``meta``
-    (and other backends without it) refuse ``torch.autocast(type, enabled=False)``."""
+    """Autocast off for ``device``'s type where it has one (``meta`` refuses it)."""
     if torch.amp.is_autocast_available(device.type):
         return torch.autocast(device.type, enabled=False)
     return contextlib.nullcontext()
@@ -279,6 +272,16 @@ class _ChunkedTokenLogProbs(torch.autograd.Function):
         )
 
 
+def _triton_backend() -> Any:
+    """The fused head (``gmpo_core._triton_head``), imported on first use: Triton is optional."""
+    try:
+        from gmpo_core._triton_head import fused_token_logprobs
+    except ImportError as exc:
+        msg = f"token_logprobs(backend='triton') needs Triton (pip install triton): {exc}"
+        raise ImportError(msg) from exc
+    return fused_token_logprobs
+
+
 def token_logprobs(
     hidden: Tensor,
     weight: Tensor,
@@ -290,6 +293,7 @@ def token_logprobs(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     compute_entropy: bool = True,
     backward_precision: str = "half",
+    backend: str = "torch",
 ) -> TokenLogProbs:
     """Sampled tokens' log-probabilities and entropies from hidden states and the LM-head weight.
 
@@ -298,17 +302,15 @@ def token_logprobs(
         logps = z_y − log Σ_v exp(z_v)
         entropies = −Σ_v p_v log p_v,   p = softmax(z)
 
-    computed ``chunk_size`` tokens at a time; the (N, V) logits are never materialized, in the
-    forward or the backward (which recomputes each chunk's logits). Gradients flow to ``hidden``,
-    ``weight`` and ``bias`` from both outputs (dH/dz_v = −p_v (log p_v + H)). Equal, within
-    float32 rounding, to ``log_softmax((hidden @ weight.T + bias) / τ).gather(-1, targets)`` and
-    the entropy of the same distribution.
+    computed ``chunk_size`` tokens at a time, never the (N, V) logits (the backward recomputes
+    each chunk's); gradients flow to ``hidden``, ``weight`` and ``bias`` from both outputs. Equal,
+    within float32 rounding, to ``log_softmax(z).gather(-1, targets)`` and its entropy.
 
     Shape:
         hidden: (..., H), e.g. (N, H) or (B, T, H); any floating dtype.
         weight: (V, H), the LM head's weight (``lm_head.weight``).
-        targets: (...), integer token ids in [0, V), the leading shape of ``hidden``. Masked
-            positions must hold a valid id (e.g. ``labels.clamp(min=0)``) and be masked after.
+        targets: (...), token ids in [0, V), the leading shape of ``hidden``; a negative id
+            (-100) is ignored: log-prob 0, no gradient (its entropy is computed).
         bias: (V,) or None.
         logps, entropies: ``targets.shape``, float32 (float64 for float64 inputs).
 
@@ -320,11 +322,11 @@ def token_logprobs(
         chunk_size: tokens per chunk (>= 1). Peak extra memory is about one float32 (chunk, V)
             tile plus the float32 (V, H) weight gradient; see ``DEFAULT_CHUNK_SIZE``.
         compute_entropy: when False, ``entropies`` is None and the forward skips its reduction.
-        backward_precision: the backward's GEMMs where the head runs in half precision (bf16/fp16
-            weights or autocast, on CUDA): ``"half"`` (∂L/∂z rounded to the half dtype, float32
-            accumulation: tensor cores, TRL's precision) or ``"float32"`` (float32 GEMMs). The
-            forward's logits are float32 either way; elsewhere both run float32 GEMMs
-            (``gmpo_core._gemms``; docs/lm_head.md, "Precision").
+        backward_precision: on CUDA in half precision, ``"half"`` (∂L/∂z rounded to the half
+            dtype for the backward's GEMMs, float32 accumulation: TRL's precision) or
+            ``"float32"``; the logits are float32 either way (docs/lm_head.md, "Precision").
+        backend: ``"torch"`` or ``"triton"`` (fused kernels, logits kept on chip: float32, bf16
+            or fp16 CUDA tensors, or CPU tensors in Triton's interpreter, for tests).
 
     Returns:
         :class:`TokenLogProbs` ``(logps, entropies)``.
@@ -332,7 +334,8 @@ def token_logprobs(
     Raises:
         ValueError: on mismatched shapes, non-integer targets, a non-floating hidden or weight,
             ``temperature`` or ``logit_scale`` not finite and > 0, ``chunk_size`` < 1, or
-            ``backward_precision`` not one of ``BACKWARD_PRECISIONS``.
+            ``backward_precision`` or ``backend`` unknown; float64 inputs for ``"triton"``.
+        ImportError: ``backend="triton"`` without Triton installed.
     """
     if not hidden.is_floating_point() or not weight.is_floating_point():
         raise ValueError(
@@ -364,6 +367,8 @@ def token_logprobs(
         raise ValueError(
             f"backward_precision must be one of {BACKWARD_PRECISIONS}, got {backward_precision!r}"
         )
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
     lead = targets.shape
     h2 = hidden.reshape(-1, hidden.shape[-1])  # (N, H)
@@ -379,10 +384,17 @@ def token_logprobs(
     if plan.fallback is not None and plan.fallback not in _WARNED:
         _WARNED.add(plan.fallback)
         warnings.warn(plan.fallback, stacklevel=2)
-    logps, entropies = _ChunkedTokenLogProbs.apply(  # type: ignore[no-untyped-call]
-        h2, weight, bias, t1, float(logit_scale) / float(temperature), chunk_size,
-        compute_entropy, plan,
-    )  # fmt: skip
-    return TokenLogProbs(
-        logps.reshape(lead), None if entropies is None else entropies.reshape(lead)
-    )
+    scale = float(logit_scale) / float(temperature)
+    if backend == "triton":
+        if plan.compute != torch.float32:
+            msg = f"backend='triton' takes float32, bf16 or fp16 inputs, got {h2.dtype}"
+            raise ValueError(f"{msg} hidden states and a {weight.dtype} weight")
+        fused = _triton_backend()
+        logps, entropies = fused(h2, weight, bias, t1, scale, chunk_size, compute_entropy, plan)
+    else:  # a negative (ignored) target: log-prob 0, as the kernels do
+        logps, entropies = _ChunkedTokenLogProbs.apply(  # type: ignore[no-untyped-call]
+            h2, weight, bias, t1.clamp(min=0), scale, chunk_size, compute_entropy, plan,
+        )  # fmt: skip
+        logps = logps.masked_fill(t1 < 0, 0.0)
+    ent = None if entropies is None else entropies.reshape(lead)
+    return TokenLogProbs(logps.reshape(lead), ent)

@@ -1,0 +1,334 @@
+"""The fused LM head: :func:`gmpo_core.token_logprobs` with ``backend="triton"``.
+
+Imported only by that backend (``gmpo_core`` itself needs torch and numpy alone). Two Triton
+kernels, each of which computes logits tiles ``z = s·(h Wᵀ + b)/τ`` in float32 accumulators
+from the inputs' own bf16/fp16/float32 operands and never writes them to device memory:
+
+- **forward** (one program per block of ``BLOCK_N`` tokens): walks the vocabulary in tiles of
+  ``BLOCK_V`` entries, each tile the sum over ``BLOCK_H`` slices of the hidden size of
+  ``tl.dot`` products, and folds it into an online log-sum-exp (running max m, Σ exp(z − m), and
+  Σ exp(z − m)·(z − m) for the entropy) and the target's logit. It writes four floats per token
+  (lse, log-prob, entropy): 0 bytes per (token, vocabulary entry).
+- **backward** (one program per (token block, vocabulary tile), ``chunk_size`` tokens at a
+  time): recomputes the tile the same way, turns it into ∂L/∂(h Wᵀ + b) =
+  s/τ·(g_logp·(1[v = y] − p_v) − g_H·p_v·(log p_v + H)), and stores that in the dtype of the
+  backward's GEMMs (the half dtype for ``backward_precision="half"`` on CUDA, else float32),
+  with each block's column sums for the bias gradient. The two gradient GEMMs (∂L/∂h = ∂L/∂z·W,
+  ∂L/∂W += (∂L/∂z)ᵀh) are cuBLAS's, reading that buffer once each: 2 + 2·2 = 6 bytes per entry
+  in bf16 (12 in float32), the only per-entry traffic of the whole head.
+
+Operands: on a GPU, bf16 (fp16) hidden states and weight are multiplied by ``tl.dot`` directly
+(products exact in float32, float32 accumulation: tensor cores); float32 operands use
+``input_precision="ieee"`` (TF32 would round the operands to 10-bit mantissas and lose the
+1e-5 accuracy). In Triton's interpreter (CPU tensors, or ``TRITON_INTERPRET=1``) the tiles are
+converted to float32 before ``tl.dot``: the interpreter's bf16 ``tl.dot`` is wrong (Triton issue
+11584), and float32 products of bf16 numbers are exact, so the result is the same.
+
+CPU tensors run only in the interpreter, which Triton chooses once, when it is first imported
+(its own library's functions are decorated then): with ``TRITON_INTERPRET=1`` set at that time,
+every kernel (CUDA tensors' too) is interpreted; without it, CUDA tensors run compiled kernels
+and CPU tensors are refused with a message saying so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton  # the caller turns an ImportError into one clear message
+import triton.language as tl
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+from triton.runtime.jit import JITFunction
+
+from gmpo_core._gemms import GemmPlan, backward_gemms, operand
+
+__all__ = ["fused_token_logprobs"]
+
+# Below this log-probability exp() is 0 in float32: the clamp keeps p·log p at 0 where z = −inf.
+_LOG_ZERO = -1e4
+#: (BLOCK_N, BLOCK_V, BLOCK_H) of the kernels, natively on a GPU and in the interpreter (where
+#: each program is numpy work: fewer, larger tiles are faster)
+_BLOCKS_GPU = (64, 128, 64)
+_BLOCKS_INTERPRETED = (32, 128, 64)
+
+
+def _forward_kernel(  # type: ignore[no-untyped-def]
+    h_ptr, w_ptr, b_ptr, y_ptr, lse_ptr, logp_ptr, ent_ptr,
+    n_rows, vocab, hid, stride_h, stride_w, scale,
+    HAS_BIAS: tl.constexpr, ENTROPY: tl.constexpr, F32_DOT: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < n_rows
+    y = tl.load(y_ptr + rows, mask=rmask, other=-1)
+    valid = (y >= 0) & (y < vocab)  # an ignored target: log-prob 0, no gradient
+    m = tl.full([BLOCK_N], float("-inf"), tl.float32)  # running max of z
+    s = tl.zeros([BLOCK_N], dtype=tl.float32)  # Σ exp(z − m)
+    a = tl.zeros([BLOCK_N], dtype=tl.float32)  # Σ exp(z − m)·(z − m)
+    zy = tl.zeros([BLOCK_N], dtype=tl.float32)  # z of the target
+    for v0 in range(0, vocab, BLOCK_V):
+        cols = v0 + tl.arange(0, BLOCK_V)
+        cmask = cols < vocab
+        acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
+        for k0 in range(0, hid, BLOCK_H):
+            ks = k0 + tl.arange(0, BLOCK_H)
+            kmask = ks < hid
+            ht = tl.load(
+                h_ptr + rows[:, None] * stride_h + ks[None, :],
+                mask=rmask[:, None] & kmask[None, :], other=0.0,
+            )  # fmt: skip
+            wt = tl.load(  # (BLOCK_H, BLOCK_V): Wᵀ's tile
+                w_ptr + cols[None, :] * stride_w + ks[:, None],
+                mask=cmask[None, :] & kmask[:, None], other=0.0,
+            )  # fmt: skip
+            if F32_DOT:
+                acc = tl.dot(ht.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(ht, wt, acc)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        z = tl.where(cmask[None, :], acc * scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(z, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row of −inf so far
+        alpha = tl.exp(m - m_safe)
+        zc = tl.maximum(z - m_safe[:, None], _LOG_ZERO)
+        p = tl.exp(zc)
+        if ENTROPY:
+            shift = s * tl.where(s > 0, m - m_safe, 0.0)  # 0 while the row is all −inf
+            a = alpha * (a + shift) + tl.sum(p * zc, 1)
+        s = alpha * s + tl.sum(p, 1)
+        zy += tl.sum(tl.where(cols[None, :] == y[:, None], z, 0.0), 1)
+        m = m_new
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    log_s = tl.log(s)
+    lse = m_safe + log_s
+    tl.store(lse_ptr + rows, lse, mask=rmask)
+    tl.store(logp_ptr + rows, tl.where(valid, zy - lse, 0.0), mask=rmask)
+    if ENTROPY:
+        tl.store(ent_ptr + rows, log_s - a / s, mask=rmask)
+
+
+def _backward_kernel(  # type: ignore[no-untyped-def]
+    h_ptr, w_ptr, b_ptr, y_ptr, lse_ptr, ent_ptr, gl_ptr, ge_ptr, dz_ptr, db_ptr,
+    n_rows, vocab, hid, stride_h, stride_w, stride_dz, scale,
+    HAS_BIAS: tl.constexpr, HAS_GL: tl.constexpr, HAS_GE: tl.constexpr,
+    F32_DOT: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
+):  # fmt: skip
+    pid_n = tl.program_id(0)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    rmask = rows < n_rows
+    cmask = cols < vocab
+    acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
+    for k0 in range(0, hid, BLOCK_H):
+        ks = k0 + tl.arange(0, BLOCK_H)
+        kmask = ks < hid
+        ht = tl.load(
+            h_ptr + rows[:, None] * stride_h + ks[None, :],
+            mask=rmask[:, None] & kmask[None, :], other=0.0,
+        )  # fmt: skip
+        wt = tl.load(
+            w_ptr + cols[None, :] * stride_w + ks[:, None],
+            mask=cmask[None, :] & kmask[:, None], other=0.0,
+        )  # fmt: skip
+        if F32_DOT:
+            acc = tl.dot(ht.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(ht, wt, acc)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    lse = tl.load(lse_ptr + rows, mask=rmask, other=0.0)
+    logp = tl.maximum(acc * scale - lse[:, None], _LOG_ZERO)  # log p_v (p = 0 stays 0)
+    p = tl.exp(logp)
+    coef = tl.zeros([BLOCK_N], dtype=tl.float32)  # g_logp + g_H·H, the p_v term's factor
+    if HAS_GL:
+        y = tl.load(y_ptr + rows, mask=rmask, other=-1)
+        gl = tl.load(gl_ptr + rows, mask=rmask, other=0.0)
+        gl = tl.where((y >= 0) & (y < vocab), gl, 0.0)
+        coef += gl
+    if HAS_GE:
+        ge = tl.load(ge_ptr + rows, mask=rmask, other=0.0)
+        ent = tl.load(ent_ptr + rows, mask=rmask, other=0.0)
+        coef += ge * ent
+        dz = -p * (coef[:, None] + ge[:, None] * logp)
+    else:
+        dz = -p * coef[:, None]
+    if HAS_GL:
+        dz += tl.where(cols[None, :] == y[:, None], gl[:, None], 0.0)
+    dz = tl.where(rmask[:, None] & cmask[None, :], dz * scale, 0.0)  # ∂L/∂(h Wᵀ + b)
+    tl.store(
+        dz_ptr + rows[:, None] * stride_dz + cols[None, :],
+        dz.to(dz_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :],
+    )  # fmt: skip
+    if HAS_BIAS:
+        tl.store(db_ptr + pid_n * vocab + cols, tl.sum(dz, 0), mask=cmask)
+
+
+# Triton decides once, when it is imported, whether its kernels (its own library's @jit
+# functions among them) are interpreted; this module's kernels follow that decision, whatever
+# TRITON_INTERPRET says by the time it is imported.
+_INTERPRETED = not isinstance(tl.zeros, JITFunction)
+
+
+def interpreted() -> bool:
+    """Whether the kernels run in Triton's interpreter: ``TRITON_INTERPRET=1`` was set when
+    Triton was first imported (torch.compile and TRL import it when it is installed)."""
+    return _INTERPRETED
+
+
+def _jit(fn: Any) -> Any:
+    """``triton.jit`` in the mode Triton was imported in (:data:`_INTERPRETED`)."""
+    if _INTERPRETED:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        return InterpretedFunction(fn)
+    return JITFunction(fn)
+
+
+_forward = _jit(_forward_kernel)
+_backward = _jit(_backward_kernel)
+
+
+def _check_device(device: torch.device) -> None:
+    if device.type == "cuda" or (device.type == "cpu" and interpreted()):
+        return
+    if device.type == "cpu":
+        raise ValueError(
+            "token_logprobs(backend='triton') runs CPU tensors only in Triton's interpreter: set "
+            "TRITON_INTERPRET=1 before Triton is first imported (torch.compile and TRL import "
+            "it), e.g. in the environment; it is about 100x slower than backend='torch': for "
+            "tests"
+        )
+    raise ValueError(f"token_logprobs(backend='triton') needs CUDA tensors, got {device.type}")
+
+
+def _f32_dot(a: Tensor, b: Tensor, interpreted: bool) -> bool:
+    """Whether the kernels convert tiles to float32 (``input_precision="ieee"``) before
+    ``tl.dot``: in the interpreter, for float32 operands, or for operands of two dtypes."""
+    return interpreted or a.dtype == torch.float32 or a.dtype != b.dtype
+
+
+class _FusedTokenLogProbs(torch.autograd.Function):
+    """The autograd node of ``token_logprobs(..., backend="triton")`` (inputs validated)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: Tensor,  # (N, H)
+        weight: Tensor,  # (V, H)
+        bias: Tensor | None,  # (V,)
+        targets: Tensor,  # (N,) int64
+        scale: float,
+        chunk_size: int,
+        compute_entropy: bool,
+        plan: GemmPlan,
+    ) -> tuple[Tensor, Tensor | None]:
+        ctx.set_materialize_grads(False)
+        n_tok, vocab = hidden.shape[0], weight.shape[0]
+        device = hidden.device
+        interp = interpreted()
+        bn, bv, bh = _BLOCKS_INTERPRETED if interp else _BLOCKS_GPU
+        # the forward's operands: the plan's (a half copy only under autocast), contiguous rows
+        h = hidden.to(plan.forward) if plan.forward != plan.compute else hidden
+        w = operand(weight, plan.forward, plan.compute)
+        h, w = h.contiguous(), w.contiguous()
+        f32 = torch.float32
+        lse = torch.empty(n_tok, device=device, dtype=f32)
+        logps = torch.empty(n_tok, device=device, dtype=f32)
+        ent = torch.empty(n_tok, device=device, dtype=f32) if compute_entropy else lse
+        b = bias.contiguous() if bias is not None else lse  # a placeholder pointer
+        _forward[(triton.cdiv(n_tok, bn),)](
+            h, w, b, targets, lse, logps, ent,
+            n_tok, vocab, h.shape[1], h.stride(0), w.stride(0), scale,
+            HAS_BIAS=bias is not None, ENTROPY=compute_entropy,
+            F32_DOT=_f32_dot(h, w, interp), BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=bh,
+        )  # fmt: skip
+        entropies = ent if compute_entropy else None
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropies)
+        ctx.scale, ctx.chunk_size, ctx.plan = scale, chunk_size, plan
+        return logps, entropies
+
+    @staticmethod
+    @once_differentiable
+    def backward(
+        ctx: Any, grad_logps: Tensor | None, grad_entropies: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
+        hidden, weight, bias, targets, lse, entropies = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        nones: tuple[None, ...] = (None,) * 5
+        if grad_logps is None and grad_entropies is None:
+            return (None, None, None, *nones)
+        n_tok, vocab = hidden.shape[0], weight.shape[0]
+        device = hidden.device
+        plan: GemmPlan = ctx.plan
+        cdt = plan.compute
+        interp = interpreted()
+        bn, bv, bh = _BLOCKS_INTERPRETED if interp else _BLOCKS_GPU
+        h_f = hidden.to(plan.forward) if plan.forward != cdt else hidden
+        w_f = operand(weight, plan.forward, cdt)
+        h_f, w_f = h_f.contiguous(), w_f.contiguous()
+        w_b = w_f if plan.backward == plan.forward else operand(weight, plan.backward, cdt)
+        f32_dot = _f32_dot(h_f, w_f, interp)
+        gl = None if grad_logps is None else grad_logps.to(torch.float32).contiguous()
+        ge = None if grad_entropies is None else grad_entropies.to(torch.float32).contiguous()
+        has_ge = ge is not None and entropies is not None
+
+        grad_h = torch.empty(n_tok, hidden.shape[1], device=device, dtype=cdt) if need_h else None
+        grad_w = torch.zeros(weight.shape, device=device, dtype=cdt) if need_w else None
+        grad_b = torch.zeros(vocab, device=device, dtype=cdt) if need_b else None
+        chunk = min(ctx.chunk_size, n_tok)
+        chunk = max(bn, chunk - chunk % bn)  # whole token blocks per chunk
+        dz_buf = torch.empty(chunk, vocab, device=device, dtype=plan.backward)
+        db_buf = (
+            torch.empty(triton.cdiv(chunk, bn), vocab, device=device, dtype=torch.float32)
+            if grad_b is not None
+            else lse
+        )
+        has_bias = bias is not None
+        b = bias.contiguous() if bias is not None else lse
+        with torch.autocast(device.type, enabled=False):  # cuda or cpu: both have one
+            for s in range(0, n_tok, chunk):
+                e = min(s + chunk, n_tok)
+                n = e - s
+                blocks = triton.cdiv(n, bn)
+                _backward[(blocks, triton.cdiv(vocab, bv))](
+                    h_f[s:e], w_f, b, targets[s:e], lse[s:e],
+                    entropies[s:e] if has_ge else lse[s:e],
+                    gl[s:e] if gl is not None else lse[s:e],
+                    ge[s:e] if ge is not None else lse[s:e], dz_buf, db_buf,
+                    n, vocab, h_f.shape[1], h_f.stride(0), w_f.stride(0), dz_buf.stride(0),
+                    ctx.scale, HAS_BIAS=has_bias and grad_b is not None, HAS_GL=gl is not None,
+                    HAS_GE=has_ge, F32_DOT=f32_dot, BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=bh,
+                )  # fmt: skip
+                dz = dz_buf[:n]
+                if grad_b is not None:
+                    grad_b.add_(db_buf[:blocks].sum(0))
+                h_b = hidden[s:e].to(plan.backward)
+                gh = None if grad_h is None else grad_h[s:e]
+                if plan.backward == cdt:
+                    backward_gemms(dz, h_b, w_b, gh, grad_w)
+                else:  # ∂L/∂z already rounded to the half dtype: float32 results and accumulation
+                    if gh is not None:
+                        torch.mm(dz, w_b, out_dtype=cdt, out=gh)
+                    if grad_w is not None:
+                        torch.addmm(grad_w, dz.t(), h_b, out_dtype=cdt, out=grad_w)
+        return (
+            None if grad_h is None else grad_h.to(hidden.dtype),
+            None if grad_w is None else grad_w.to(weight.dtype),
+            None if grad_b is None or bias is None else grad_b.to(bias.dtype),
+            *nones,
+        )
+
+
+def fused_token_logprobs(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, scale: float,
+    chunk_size: int, compute_entropy: bool, plan: GemmPlan,
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    """Log-probs and entropies (float32, (N,)) of flattened inputs; ``scale`` = s/τ."""
+    _check_device(hidden.device)
+    out: tuple[Tensor, Tensor | None] = _FusedTokenLogProbs.apply(  # type: ignore[no-untyped-call]
+        hidden, weight, bias, targets, scale, chunk_size, compute_entropy, plan
+    )
+    return out
