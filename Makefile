@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup train train-real figures-real-model test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-confirm-analysis study-confirm-reruns study-regime tasks-gym figures-vllm bench-env figures-liger study-which-loss-pilot study-which-loss study-which-loss-analysis study-which-loss-trl study-which-loss-sensitivity study-updates-timing study-updates-pilot study-updates study-updates-robustness study-updates-chain-sum study-updates-budget study-updates-analysis study-updates-real
+.PHONY: help setup train train-real figures-real-model test lint docs docs-serve bench figures figures-trl figures-lm-head figures-verl figures-bench figures-study figures-study-trl first-run check-numbers compat compat-check-python vllm study-confirm study-confirm-analysis study-confirm-reruns study-regime tasks-gym figures-vllm bench-env figures-liger study-which-loss-pilot study-which-loss study-which-loss-analysis study-which-loss-trl study-which-loss-sensitivity study-updates-timing study-updates-pilot study-updates study-updates-robustness study-updates-chain-sum study-updates-budget study-updates-analysis study-updates-real study-offpolicy-pilot study-offpolicy-rates study-offpolicy study-offpolicy-chain-sum-pilot study-offpolicy-chain-sum study-offpolicy-arm study-offpolicy-budget study-offpolicy-analysis
 
 #: list every target with its one-line summary
 help:
@@ -499,3 +499,44 @@ study-updates-analysis: setup
 #: the regime study's real-model cross-check: results/updates/real/
 study-updates-real: setup
 	$(UPDATES) real
+
+## docs/offpolicy_plan.md: GMPO against TRL's default loss (dapo_trl) where the clip acts, on
+## SmolLM2-135M-Instruct (gmpo's chat_arith task) at 4 updates per generation batch, and on the tiny
+## model's chain_sum at 1, 2, 4 and 16; outside CI, resumable (a finished run is never run again).
+## In the plan's order: pilot, rates (commit them), grid, chain-sum-pilot (commit it), chain-sum,
+## arm; the budget before each part after the grid
+OFFPOLICY = $(BIN)/python -m studies.offpolicy
+#: the off-policy study's pilot on the real model: results/offpolicy/real/pilot/
+study-offpolicy-pilot: setup
+	$(OFFPOLICY) pilot
+
+#: the off-policy study's rule on its pilot: results/offpolicy/rates.json (commit before the grid)
+study-offpolicy-rates: setup
+	$(OFFPOLICY) rates
+
+#: the off-policy study's grid at the pilot's rates (4 updates), then its analysis
+study-offpolicy: setup
+	$(OFFPOLICY) grid
+	$(MAKE) study-offpolicy-analysis
+
+#: the off-policy study's chain_sum pilot, if the budget allows: results/offpolicy/tiny/pilot.json
+study-offpolicy-chain-sum-pilot: setup
+	$(OFFPOLICY) tiny-pilot
+
+#: the off-policy study's chain_sum grid at its pilot's rates, then the analysis
+study-offpolicy-chain-sum: setup
+	$(OFFPOLICY) tiny-grid
+	$(MAKE) study-offpolicy-analysis
+
+#: the off-policy study's 1-update arm, seed by seed within the budget, then the analysis
+study-offpolicy-arm: setup
+	$(OFFPOLICY) arm
+	$(MAKE) study-offpolicy-analysis
+
+#: the off-policy study's budget: spent so far, and each part's rule: results/offpolicy/budget.md
+study-offpolicy-budget: setup
+	$(OFFPOLICY) budget
+
+#: the off-policy study's planned analysis: results/offpolicy/offpolicy.md and .json
+study-offpolicy-analysis: setup
+	$(OFFPOLICY) analysis
