@@ -55,9 +55,10 @@ class GMPOConfig(GRPOConfig):
     - ``gmpo_impl``: which ``gmpo_core`` path computes the loss: ``"plain"`` (default) or
       ``"compiled"`` (opt-in; TRL's ``torch_compile`` does not turn it on).
     - ``gmpo_lm_head`` (default None, auto): which LM head scores the tokens, for every
-      scoring pass: None uses :func:`gmpo_core.token_logprobs` on the CPU and TRL's chunked head
-      on other devices (a GPU, where ours is slower on paper: docs/lm_head.md); True uses
-      gmpo_core's head everywhere, False TRL's. Where gmpo_core's head does not apply (a logit
+      scoring pass: None uses :func:`gmpo_core.token_logprobs` on the CPU, its fused Triton
+      backend on CUDA where Triton imports, and TRL's chunked head elsewhere
+      (``gmpo_trl.head_swap.head_for``; docs/lm_head.md); True uses gmpo_core's head
+      everywhere, False TRL's. Where gmpo_core's head does not apply (a logit
       soft-cap, extra kernel outputs) TRL's is used and a warning says so once.
     - ``gmpo_lm_head_backward`` (default ``"half"``): that head's ``backward_precision``, for
       bf16/fp16 (or autocast) on CUDA: ``"half"`` or ``"float32"`` backward GEMMs.
@@ -175,7 +176,8 @@ def _check_values(key: tuple[tuple[type, Any], ...]) -> Checked:
     if args.gmpo_lm_head not in (None, True, False):
         raise ValueError(
             f"gmpo_lm_head={args.gmpo_lm_head!r}: choose None (auto: gmpo_core's head on the "
-            "CPU, TRL's elsewhere), True (gmpo_core's everywhere) or False (TRL's everywhere)"
+            "CPU and, with Triton, on CUDA; TRL's elsewhere), True (gmpo_core's everywhere) or "
+            "False (TRL's everywhere)"
         )
     backward = args.gmpo_lm_head_backward
     if backward not in BACKWARD_PRECISIONS:

@@ -9,13 +9,17 @@ never the (N, V) logits). What ``gmpo_core`` does not compute (a logit soft-cap,
 fields ``log_sum_sq_probs``, ``mean_logits``, ``is_top1``) goes to TRL's own head unchanged, and
 a warning says so once per reason and process.
 
-Which head scores a call is :func:`uses_gmpo_head`, a pure function of the setting and the
-hidden states' device type: by default (``gmpo_lm_head=None``) gmpo_core's on the CPU, where it
-measured faster and leaner than TRL's, and TRL's on every other device. On a GPU TRL's head folds
-a bf16 logits tile in one Triton pass, and gmpo_core's keeps the logits float32 and runs its
-element-wise passes as separate torch ops: on paper about 3x the head's time
-(docs/lm_head.md, "The cost on an H100/H200"). ``gmpo_lm_head=True`` asks for gmpo_core's head
-everywhere (logits never rounded), ``False`` for TRL's.
+Which head scores a call is :func:`head_for`, a pure function of the setting, the hidden
+states' device type and whether Triton is importable: by default (``gmpo_lm_head=None``)
+gmpo_core's torch backend on the CPU, where it measured faster and leaner than TRL's; on CUDA with
+Triton, gmpo_core's fused Triton backend (logits never leave the chip: on paper faster than TRL's
+head, which writes a bf16 logits tile, and never rounded; docs/lm_head.md, "The fused head");
+TRL's head on other devices and on CUDA without Triton. ``gmpo_lm_head=True`` asks for gmpo_core's
+head everywhere (fused on CUDA with Triton), ``False`` for TRL's.
+
+Each :func:`lm_head_swapped` block installs a head object of its own, holding its trainer's
+settings, and puts back what it found on leaving: two trainers in one process (a sweep, a
+notebook) each score with their own settings, however their blocks nest.
 
 Older TRLs (1.10 to 1.14) score GRPO's completions with the full logits by default, and their
 ``_ChunkedLogProbFunction`` has another interface (no bias, no ``outputs``, two outputs): there
@@ -26,11 +30,13 @@ once that TRL's head scored the tokens (never a silent no-op).
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from collections.abc import Iterator
 from importlib.metadata import version
 from typing import Any, ClassVar
 
+import torch
 import trl.trainer.utils as trl_utils
 from torch import Tensor
 
@@ -38,26 +44,63 @@ from gmpo_core import token_logprobs
 from gmpo_trl.compat import chunked_head_unsupported
 
 _OURS = {"log_probs", "entropy"}
-#: device types whose tokens gmpo_core's head scores under the default setting
+#: device types whose tokens gmpo_core's torch backend scores under the default setting
 _GMPO_BY_DEFAULT = ("cpu", "meta")
+#: gmpo_core.token_logprobs backends a head may be forced to (GMPOTrainer.gmpo_lm_head_backend)
+BACKENDS = ("torch", "triton")
 
 
-def uses_gmpo_head(setting: bool | None, device_type: str) -> bool:
-    """Whether gmpo_core's head scores hidden states on ``device_type`` under
-    ``GMPOConfig.gmpo_lm_head = setting``: True and False decide, None (the default) picks
-    gmpo_core's on the CPU (and on ``meta``, shapes only, where TRL's head cannot run) and TRL's
-    on accelerators."""
-    return setting if setting is not None else device_type in _GMPO_BY_DEFAULT
+@functools.cache
+def triton_importable() -> bool:
+    """Whether Triton imports here (checked once a process): the fused backend's condition."""
+    try:
+        import triton  # noqa: F401
+    except Exception:  # an ImportError, or a broken install: the fused head is not offered
+        return False
+    return True
+
+
+def head_for(setting: bool | None, device_type: str, fused: bool | None = None) -> str | None:
+    """Which head scores hidden states on ``device_type`` under ``GMPOConfig.gmpo_lm_head =
+    setting``: None for TRL's, else the ``gmpo_core.token_logprobs`` backend (``"torch"`` or
+    ``"triton"``). ``fused``: whether Triton is importable (default: :func:`triton_importable`).
+
+    - False: TRL's everywhere.
+    - None (the default): the torch backend on the CPU (and ``meta``, shapes only), the fused
+      backend on CUDA with Triton, TRL's elsewhere (CUDA without Triton, other accelerators).
+    - True: gmpo_core's everywhere, fused on CUDA with Triton, the torch backend elsewhere.
+    """
+    if setting is False:
+        return None
+    if device_type == "cuda" and (triton_importable() if fused is None else fused):
+        return "triton"
+    if setting is None and device_type not in _GMPO_BY_DEFAULT:
+        return None
+    return "torch"
+
+
+def uses_gmpo_head(setting: bool | None, device_type: str, fused: bool | None = None) -> bool:
+    """Whether gmpo_core's head (either backend) scores hidden states on ``device_type``."""
+    return head_for(setting, device_type, fused) is not None
 
 
 class TokenLogProbHead:
-    """Stands where TRL's ``ChunkedLogProbFunction`` stands, with its ``apply`` signature."""
+    """Stands where TRL's ``ChunkedLogProbFunction`` stands, with its ``apply`` signature; one
+    object per :func:`lm_head_swapped` block, holding that block's (its trainer's) settings."""
 
-    fallback: Any = None  # TRL's class, set by lm_head_swapped
-    warned: ClassVar[set[str]] = set()  # fallback reasons already reported
-    calls: ClassVar[int] = 0  # calls of apply, ours or the fallback
-    backward_precision: ClassVar[str] = "half"  # GMPOConfig.gmpo_lm_head_backward
-    setting: ClassVar[bool | None] = None  # GMPOConfig.gmpo_lm_head (uses_gmpo_head)
+    warned: ClassVar[set[str]] = set()  # fallback reasons already reported, once per process
+
+    def __init__(
+        self, fallback: Any, backward_precision: str = "half", setting: bool | None = None,
+        backend: str | None = None,
+    ) -> None:  # fmt: skip
+        self.fallback = fallback  # TRL's class
+        self.backward_precision = backward_precision  # GMPOConfig.gmpo_lm_head_backward
+        self.setting = setting  # GMPOConfig.gmpo_lm_head (head_for)
+        self.backend = backend  # a forced gmpo_core backend, or None: head_for's
+        self.calls = 0  # calls of apply, ours or the fallback
+        # TRL's forward, so that what inspects TRL's head (gmpo_trl.compat) reads its interface
+        self.forward = getattr(fallback, "forward", None)
 
     @classmethod
     def warn_once(cls, reason: str, message: str) -> None:
@@ -65,15 +108,15 @@ class TokenLogProbHead:
             cls.warned.add(reason)
             warnings.warn(message, stacklevel=3)
 
-    @classmethod
     def apply(
-        cls, hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor,
+        self, hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor,
         temperature: float, chunk_size: int, softcap: float | None, logit_scale: float,
         outputs: tuple[str, ...],
     ) -> tuple[Tensor | None, ...]:  # fmt: skip
-        cls.calls += 1
-        if not uses_gmpo_head(cls.setting, hidden.device.type):  # the documented choice
-            return cls.fallback.apply(  # type: ignore[no-any-return]
+        self.calls += 1
+        backend = head_for(self.setting, hidden.device.type)  # the documented choice
+        if backend is None:
+            return self.fallback.apply(  # type: ignore[no-any-return]
                 hidden, weight, bias, labels, temperature, chunk_size, softcap, logit_scale,
                 outputs,
             )  # fmt: skip
@@ -83,31 +126,37 @@ class TokenLogProbHead:
                 if softcap is not None
                 else f"outputs {sorted(set(outputs) - _OURS)}"
             )
-            cls.warn_once(
+            self.warn_once(
                 reason,
                 f"gmpo_lm_head: gmpo_core.token_logprobs does not compute {reason}; "
                 "TRL's LM head scores these tokens",
             )
-            return cls.fallback.apply(  # type: ignore[no-any-return]
+            return self.fallback.apply(  # type: ignore[no-any-return]
                 hidden, weight, bias, labels, temperature, chunk_size, softcap, logit_scale,
                 outputs,
             )  # fmt: skip
+        backend = self.backend or backend
+        if hidden.dtype == torch.float64 or weight.dtype == torch.float64:
+            backend = "torch"  # the fused kernels take float32, bf16 and fp16
         # chunk_size is TRL's (vocabulary columns); gmpo_core chunks tokens, with its own default
         logps, entropies = token_logprobs(
             hidden, weight, labels, bias=bias, temperature=temperature, logit_scale=logit_scale,
-            compute_entropy="entropy" in outputs, backward_precision=cls.backward_precision,
+            compute_entropy="entropy" in outputs, backward_precision=self.backward_precision,
+            backend=backend,
         )  # fmt: skip
         return logps, entropies, None, None, None
 
 
 @contextlib.contextmanager
 def lm_head_swapped(
-    backward_precision: str = "half", setting: bool | None = None
+    backward_precision: str = "half", setting: bool | None = None, backend: str | None = None
 ) -> Iterator[None]:
-    """Within the block, TRL's patched forward scores tokens with :class:`TokenLogProbHead`
-    (its backward GEMMs in ``backward_precision``, ``GMPOConfig.gmpo_lm_head_backward``), which
-    hands the calls that ``setting`` (``GMPOConfig.gmpo_lm_head``; :func:`uses_gmpo_head`) gives
-    to TRL's head over to it.
+    """Within the block, TRL's patched forward scores tokens with a :class:`TokenLogProbHead` of
+    this block's own (its backward GEMMs in ``backward_precision``,
+    ``GMPOConfig.gmpo_lm_head_backward``; ``backend`` forces a gmpo_core backend), which hands
+    the calls that ``setting`` (``GMPOConfig.gmpo_lm_head``; :func:`head_for`) gives to TRL's
+    head over to it. On leaving, the head found on entering is put back (an enclosing block's
+    keeps its settings).
     A block that scored nothing through it (a TRL whose chunked head has another interface, or
     whose scoring pass computes the full logits) warns once that TRL's head was used."""
     reason = chunked_head_unsupported()
@@ -115,17 +164,15 @@ def lm_head_swapped(
         yield
         _used_trls_head(reason)
         return
-    original = trl_utils._ChunkedLogProbFunction
-    TokenLogProbHead.fallback = original
-    TokenLogProbHead.backward_precision = backward_precision
-    TokenLogProbHead.setting = setting
-    trl_utils._ChunkedLogProbFunction = TokenLogProbHead
-    before = TokenLogProbHead.calls
+    found = trl_utils._ChunkedLogProbFunction
+    original = found.fallback if isinstance(found, TokenLogProbHead) else found
+    head = TokenLogProbHead(original, backward_precision, setting, backend)
+    trl_utils._ChunkedLogProbFunction = head
     try:
         yield
     finally:
-        trl_utils._ChunkedLogProbFunction = original
-    if TokenLogProbHead.calls == before:
+        trl_utils._ChunkedLogProbFunction = found
+    if head.calls == 0:
         _used_trls_head("this scoring pass does not call its chunked head")
 
 

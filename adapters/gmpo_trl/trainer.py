@@ -57,6 +57,9 @@ class GMPOTrainer(GRPOTrainer):
     """
 
     _tag_names: ClassVar[list[str]] = ["trl", "gmpo"]
+    #: a gmpo_core backend ("torch" or "triton") forced on this trainer's LM head where
+    #: ``gmpo_lm_head`` picks gmpo_core's; None: ``gmpo_trl.head_swap.head_for``'s (benchmarks)
+    gmpo_lm_head_backend: str | None = None
 
     def __init__(
         self,
@@ -151,10 +154,13 @@ class GMPOTrainer(GRPOTrainer):
     def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:
         """GRPOTrainer's, with gmpo_core's LM head in place of TRL's where ``gmpo_lm_head``
         chooses it (for every scoring pass: current, old and reference log-probs alike; by
-        default on the CPU, ``gmpo_trl.head_swap.uses_gmpo_head``)."""
+        default on the CPU and, with Triton, on CUDA: ``gmpo_trl.head_swap.head_for``), a head
+        of this trainer's own settings."""
         if self.args.gmpo_lm_head is False:
             return super()._get_per_token_logps_and_entropies(*args, **kwargs)
-        with lm_head_swapped(self.args.gmpo_lm_head_backward, self.args.gmpo_lm_head):
+        with lm_head_swapped(
+            self.args.gmpo_lm_head_backward, self.args.gmpo_lm_head, self.gmpo_lm_head_backend
+        ):
             return super()._get_per_token_logps_and_entropies(*args, **kwargs)
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Tensor:
