@@ -9,13 +9,16 @@ from the inputs' own bf16/fp16/float32 operands and never writes them to device 
   ``tl.dot`` products, and folds it into an online log-sum-exp (running max m, Σ exp(z − m), and
   Σ exp(z − m)·(z − m) for the entropy) and the target's logit. It writes four floats per token
   (lse, log-prob, entropy): 0 bytes per (token, vocabulary entry).
-- **backward** (one program per (token block, vocabulary tile), ``chunk_size`` tokens at a
-  time): recomputes the tile the same way, turns it into ∂L/∂(h Wᵀ + b) =
-  s/τ·(g_logp·(1[v = y] − p_v) − g_H·p_v·(log p_v + H)), and stores that in the dtype of the
-  backward's GEMMs (the half dtype for ``backward_precision="half"`` on CUDA, else float32),
-  with each block's column sums for the bias gradient. The two gradient GEMMs (∂L/∂h = ∂L/∂z·W,
-  ∂L/∂W += (∂L/∂z)ᵀh) are cuBLAS's, reading that buffer once each: 2 + 2·2 = 6 bytes per entry
-  in bf16 (12 in float32), the only per-entry traffic of the whole head.
+- **backward** (one program per (token block, vocabulary tile), over one vocabulary slice of
+  all N tokens at a time, the slice's ∂L/∂z at most ``_DZ_BYTES``): recomputes the tile the same
+  way, turns it into ∂L/∂(h Wᵀ + b) = s/τ·(g_logp·(1[v = y] − p_v) − g_H·p_v·(log p_v + H)), and
+  stores that in the dtype of the backward's GEMMs (the half dtype for
+  ``backward_precision="half"`` on CUDA, else float32), with each block's column sums for the
+  bias gradient. The two gradient GEMMs are cuBLAS's: ∂L/∂h += ∂L/∂z·W[slice] (float32
+  accumulation) and ∂L/∂W[slice] = (∂L/∂z)ᵀh, each row of it written once. Per (token,
+  vocabulary entry) that is ∂L/∂z written once and read twice: 2 + 2·2 = 6 bytes in bf16 (12 in
+  float32), the only per-entry traffic of the whole head (``benchmarks/head_model.py``).
+  ``chunk_size`` (tokens per chunk) is the torch backend's; this one slices the vocabulary.
 
 Operands: on a GPU, bf16 (fp16) hidden states and weight are multiplied by ``tl.dot`` directly
 (products exact in float32, float32 accumulation: tensor cores); float32 operands use
@@ -41,7 +44,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 from triton.runtime.jit import JITFunction
 
-from gmpo_core._gemms import GemmPlan, backward_gemms, operand
+from gmpo_core._gemms import GemmPlan, operand
 
 __all__ = ["fused_token_logprobs"]
 
@@ -51,6 +54,9 @@ _LOG_ZERO = -1e4
 #: each program is numpy work: fewer, larger tiles are faster)
 _BLOCKS_GPU = (64, 128, 64)
 _BLOCKS_INTERPRETED = (32, 128, 64)
+#: bytes of the backward's ∂L/∂z buffer (all tokens × one vocabulary slice): 256 MB, e.g. 4096
+#: tokens × 32,768 entries in bf16
+_DZ_BYTES = 256 << 20
 
 
 def _forward_kernel(  # type: ignore[no-untyped-def]
@@ -111,16 +117,16 @@ def _forward_kernel(  # type: ignore[no-untyped-def]
 
 def _backward_kernel(  # type: ignore[no-untyped-def]
     h_ptr, w_ptr, b_ptr, y_ptr, lse_ptr, ent_ptr, gl_ptr, ge_ptr, dz_ptr, db_ptr,
-    n_rows, vocab, hid, stride_h, stride_w, stride_dz, scale,
+    n_rows, vocab, v_start, v_end, hid, stride_h, stride_w, stride_dz, scale,
     HAS_BIAS: tl.constexpr, HAS_GL: tl.constexpr, HAS_GE: tl.constexpr,
     F32_DOT: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    cols = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    cols = v_start + tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)  # of the vocabulary
     rmask = rows < n_rows
-    cmask = cols < vocab
+    cmask = cols < v_end
     acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
     for k0 in range(0, hid, BLOCK_H):
         ks = k0 + tl.arange(0, BLOCK_H)
@@ -159,11 +165,11 @@ def _backward_kernel(  # type: ignore[no-untyped-def]
         dz += tl.where(cols[None, :] == y[:, None], gl[:, None], 0.0)
     dz = tl.where(rmask[:, None] & cmask[None, :], dz * scale, 0.0)  # ∂L/∂(h Wᵀ + b)
     tl.store(
-        dz_ptr + rows[:, None] * stride_dz + cols[None, :],
+        dz_ptr + rows[:, None] * stride_dz + (cols - v_start)[None, :],
         dz.to(dz_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :],
     )  # fmt: skip
     if HAS_BIAS:
-        tl.store(db_ptr + pid_n * vocab + cols, tl.sum(dz, 0), mask=cmask)
+        tl.store(db_ptr + pid_n * stride_dz + (cols - v_start), tl.sum(dz, 0), mask=cmask)
 
 
 # Triton decides once, when it is imported, whether its kernels (its own library's @jit
@@ -275,45 +281,44 @@ class _FusedTokenLogProbs(torch.autograd.Function):
         ge = None if grad_entropies is None else grad_entropies.to(torch.float32).contiguous()
         has_ge = ge is not None and entropies is not None
 
-        grad_h = torch.empty(n_tok, hidden.shape[1], device=device, dtype=cdt) if need_h else None
-        grad_w = torch.zeros(weight.shape, device=device, dtype=cdt) if need_w else None
-        grad_b = torch.zeros(vocab, device=device, dtype=cdt) if need_b else None
-        chunk = min(ctx.chunk_size, n_tok)
-        chunk = max(bn, chunk - chunk % bn)  # whole token blocks per chunk
-        dz_buf = torch.empty(chunk, vocab, device=device, dtype=plan.backward)
-        db_buf = (
-            torch.empty(triton.cdiv(chunk, bn), vocab, device=device, dtype=torch.float32)
-            if grad_b is not None
-            else lse
+        grad_h = torch.zeros(n_tok, hidden.shape[1], device=device, dtype=cdt) if need_h else None
+        grad_w = torch.empty(weight.shape, device=device, dtype=cdt) if need_w else None
+        grad_b = (
+            torch.empty(vocab, device=device, dtype=cdt) if need_b and bias is not None else None
         )
-        has_bias = bias is not None
-        b = bias.contiguous() if bias is not None else lse
+        # ∂L/∂z of all tokens for one vocabulary slice at a time (each ∂L/∂W row written once)
+        elt = torch.finfo(plan.backward).bits // 8
+        vc = min(vocab, max(bv, _DZ_BYTES // (n_tok * elt) // bv * bv))
+        dz_buf = torch.empty(n_tok, vc, device=device, dtype=plan.backward)
+        blocks = triton.cdiv(n_tok, bn)
+        db_buf = torch.empty(blocks, vc, device=device, dtype=torch.float32)
+        b = bias.contiguous() if bias is not None else lse  # a placeholder pointer
+        h_b = hidden.to(plan.backward) if need_w else hidden  # (N, H), ∂L/∂W's operand
+        half = plan.backward != cdt  # ∂L/∂z in the half dtype: float32 results
         with torch.autocast(device.type, enabled=False):  # cuda or cpu: both have one
-            for s in range(0, n_tok, chunk):
-                e = min(s + chunk, n_tok)
-                n = e - s
-                blocks = triton.cdiv(n, bn)
-                _backward[(blocks, triton.cdiv(vocab, bv))](
-                    h_f[s:e], w_f, b, targets[s:e], lse[s:e],
-                    entropies[s:e] if has_ge else lse[s:e],
-                    gl[s:e] if gl is not None else lse[s:e],
-                    ge[s:e] if ge is not None else lse[s:e], dz_buf, db_buf,
-                    n, vocab, h_f.shape[1], h_f.stride(0), w_f.stride(0), dz_buf.stride(0),
-                    ctx.scale, HAS_BIAS=has_bias and grad_b is not None, HAS_GL=gl is not None,
+            for v0 in range(0, vocab, vc):
+                v1 = min(v0 + vc, vocab)
+                _backward[(blocks, triton.cdiv(v1 - v0, bv))](
+                    h_f, w_f, b, targets, lse, entropies if has_ge else lse,
+                    lse if gl is None else gl, lse if ge is None else ge, dz_buf, db_buf,
+                    n_tok, vocab, v0, v1, h_f.shape[1], h_f.stride(0), w_f.stride(0), vc,
+                    ctx.scale, HAS_BIAS=grad_b is not None, HAS_GL=gl is not None,
                     HAS_GE=has_ge, F32_DOT=f32_dot, BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=bh,
                 )  # fmt: skip
-                dz = dz_buf[:n]
+                dz = dz_buf[:, : v1 - v0]  # (N, v1 - v0)
                 if grad_b is not None:
-                    grad_b.add_(db_buf[:blocks].sum(0))
-                h_b = hidden[s:e].to(plan.backward)
-                gh = None if grad_h is None else grad_h[s:e]
-                if plan.backward == cdt:
-                    backward_gemms(dz, h_b, w_b, gh, grad_w)
-                else:  # ∂L/∂z already rounded to the half dtype: float32 results and accumulation
-                    if gh is not None:
-                        torch.mm(dz, w_b, out_dtype=cdt, out=gh)
+                    torch.sum(db_buf[:, : v1 - v0], 0, out=grad_b[v0:v1])
+                w_s = w_b[v0:v1]
+                if half:  # tensor cores, float32 accumulation
+                    if grad_h is not None:
+                        torch.addmm(grad_h, dz, w_s, out_dtype=cdt, out=grad_h)
                     if grad_w is not None:
-                        torch.addmm(grad_w, dz.t(), h_b, out_dtype=cdt, out=grad_w)
+                        torch.mm(dz.t(), h_b, out_dtype=cdt, out=grad_w[v0:v1])
+                else:
+                    if grad_h is not None:
+                        grad_h.addmm_(dz, w_s.to(cdt))
+                    if grad_w is not None:
+                        torch.mm(dz.t(), h_b, out=grad_w[v0:v1])
         return (
             None if grad_h is None else grad_h.to(hidden.dtype),
             None if grad_w is None else grad_w.to(weight.dtype),
