@@ -170,3 +170,27 @@ def test_the_regimes_flags_are_the_regime_studys_count() -> None:
             "--steps_per_generation": str(u), **pairs(shlex.split(FLAGS[u]))}  # fmt: skip
     with pytest.raises(ValueError, match="do not split into 8"):
         d.regime_flags(16, 12, 20)
+
+
+def test_chain_sums_part_is_the_regime_studys_sweep_and_obeys_the_budget(
+    tmp_path, monkeypatch, capsys
+):
+    from studies.offpolicy import tiny
+
+    args = _args(tmp_path, dry_run=True)
+    tiny.tiny_pilot(args)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(d.TINY_REGIMES)
+    words = shlex.split(lines[2])
+    assert words[words.index("--setup") + 1] == "minibatches=4,epochs=1"
+    assert words[words.index("--seeds") + 1] == "8200,8201,8202"
+    cells = words[words.index("--cells") + 1].split(",")
+    assert len(cells) == 2 * 7 and {c.split("=")[0] for c in cells} == {"gmpo", "dapo_trl"}
+    # not a dry run: 7.9 h spent and an estimate of 0.2 h: dropped, nothing runs
+    monkeypatch.setattr(budget, "measured", lambda _: {"tiny": {"wall_s": 0.2 * 3600}})
+    monkeypatch.setattr(tiny, "spent_s", lambda runs: 7.9 * 3600)
+    monkeypatch.setattr(tiny, "run_sweep", lambda *a: pytest.fail("ran a sweep"))
+    tiny.tiny_pilot(_args(tmp_path))
+    assert (tmp_path / "res" / "tiny" / "budget.txt").read_text() == (
+        "spent 7.90 h + estimate 0.20 h > 8 h: dropped\n"
+    )
