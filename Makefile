@@ -41,11 +41,14 @@ train-real: setup
 test: setup
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest --durations=25
 
-#: ruff check, ruff format --check and mypy (strict on gmpo_core)
+## every import of the repository's own modules, in functions too: scripts/check_imports.py
+## (it reads them, it does not run them: seconds)
+#: ruff check, ruff format --check, mypy (strict on gmpo_core), the imports of our own modules
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/python scripts/check_imports.py
 
 #: build the docs site into site/ (mkdocs --strict)
 docs: setup
@@ -482,9 +485,10 @@ study-updates-chain-sum: setup
 
 ## the plan's budget rule, before each part after the first: the wall-clock the study's sweeps
 ## spent so far and whether each part's estimate (results/updates/timing.json) still fits
+## (NEXT=3 before the plan's third part: the parts before NEXT ran and are in the spent time)
 #: the regime study's budget: what was spent, and which part still fits
 study-updates-budget: setup
-	$(UPDATES) budget
+	$(UPDATES) budget $(if $(NEXT),--next $(NEXT))
 
 ## the planned analysis from the sweeps under runs/updates/ (seconds): their summaries copied into
 ## results/updates/<task>/u<updates>/, then results/updates/updates.md and .json

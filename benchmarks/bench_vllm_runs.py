@@ -56,21 +56,25 @@ KINDS = {
 }
 
 
+def with_vllm_heads(task: Any) -> Any:
+    """``task`` whose built-in model has the heads ``--use_vllm`` gives it (``Task.vllm_heads``)
+    without vLLM: a subclass of its class with ``heads`` set so, its fields copied."""
+    import dataclasses
+
+    cls = type(task)
+    swapped = type(f"{cls.__name__}WithVllmHeads", (cls,), {"heads": cls.vllm_heads})
+    return swapped(**{f.name: getattr(task, f.name) for f in dataclasses.fields(task) if f.init})
+
+
 def child(args: argparse.Namespace) -> dict[str, Any]:
     """One ``gmpo train``; its numbers as a dict (printed as JSON)."""
-    import dataclasses
-    import functools
-
     from gmpo_tasks import catalog
     from gmpo_trl.cli import main as gmpo
-    from gmpo_trl.cli.runs import VLLM_HEADS
     from gmpo_trl.trainer import GMPOTrainer
 
     vllm, vllm_model, correction = KINDS[args.kind]
     if vllm_model:  # the model --use_vllm builds, for a run without vLLM
-        task = catalog.TASKS[args.task]
-        model = functools.partial(task.model, heads=VLLM_HEADS[args.task])
-        catalog.TASKS[args.task] = dataclasses.replace(task, model=model)
+        catalog.TASKS[args.task] = with_vllm_heads(catalog.TASKS[args.task])
     gens: list[dict[str, Any]] = []
     inner = GMPOTrainer._generate_and_score_completions
 

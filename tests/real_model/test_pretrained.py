@@ -118,7 +118,7 @@ def test_the_command_line_without_the_package(tmp_path: Path) -> None:
     assert not (tmp_path / "cache").exists()
 
 
-# -- the cache: unwritable, damaged, left behind (issue #49, items 4, 5 and 11) -------------------
+# -- the cache: unwritable, damaged, left behind -------------------------------------------------
 
 
 @pytest.fixture

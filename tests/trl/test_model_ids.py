@@ -2,7 +2,7 @@
 that no hub will give it (offline, the hub unreachable or without that model), one line says
 that no local directory of that name was found, in seconds, without the hub client's five
 retries (about 25 s). A hub id in the hub cache, or the name of a packaged model, needs no
-network (issue #49, item 9)."""
+network."""
 
 from __future__ import annotations
 
