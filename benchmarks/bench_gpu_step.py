@@ -1,7 +1,7 @@
 """One training step of GRPO-family trainers on the same batch and weights: gmpo_trl's
-GMPOTrainer with its default LM head (on a GPU, TRL's) and with ``gmpo_lm_head=True``
-(gmpo_core's), TRL's GRPOTrainer and TRL's ``trl.experimental.gmpo.GMPOTrainer``; seconds per
-step and peak memory (scripts/gpu.sh).
+GMPOTrainer with each LM head (its default: gmpo_core's fused Triton head on a GPU with Triton;
+gmpo_core's torch backend; TRL's head, ``gmpo_lm_head=False``), TRL's GRPOTrainer and TRL's
+``trl.experimental.gmpo.GMPOTrainer``; seconds per step and peak memory (scripts/gpu.sh).
 
 Run from the repository root, where trl is installed::
 
@@ -39,7 +39,11 @@ from _trainer_step_child import PROMPT_LEN, hash_reward
 
 RESULTS_DIR = RESULTS / "figures-lm-head"
 TRAINERS = ("gmpo_trl GMPOTrainer", "gmpo_trl GMPOTrainer, gmpo_lm_head=True", "TRL GRPOTrainer",
-            "TRL experimental GMPOTrainer")  # fmt: skip
+            "TRL experimental GMPOTrainer", "gmpo_trl GMPOTrainer, torch backend",
+            "gmpo_trl GMPOTrainer, gmpo_lm_head=False")  # fmt: skip
+#: gmpo_trl's trainers: name -> (GMPOConfig.gmpo_lm_head, GMPOTrainer.gmpo_lm_head_backend)
+GMPO_HEADS = {TRAINERS[0]: (None, None), TRAINERS[1]: (True, None), TRAINERS[4]: (True, "torch"),
+              TRAINERS[5]: (False, None)}  # fmt: skip
 QWEN3_06B = {"hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16,
              "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 3072,
              "vocab_size": 151_936}  # fmt: skip
@@ -62,14 +66,16 @@ def _trainer(name: str, model: Any, tokenizer: Any, out: str, args: argparse.Nam
     kwargs = toy.toy_args(out, per_device_train_batch_size=args.batch, num_generations=args.batch,
                           max_completion_length=args.completion, max_steps=1)  # fmt: skip
     kwargs.update(bf16=args.device != "cpu", use_cpu=args.device == "cpu")
-    if name in TRAINERS[:2]:
-        from gmpo_trl import GMPOConfig as Config
-        from gmpo_trl import GMPOTrainer as Trainer
+    if name in GMPO_HEADS:
+        from gmpo_trl import GMPOConfig, GMPOTrainer
 
-        kwargs["gmpo_lm_head_backward"] = args.backward
-        if name == TRAINERS[1]:
-            kwargs["gmpo_lm_head"] = True
-    elif name == TRAINERS[2]:
+        setting, backend = GMPO_HEADS[name]
+        kwargs.update(gmpo_lm_head_backward=args.backward, gmpo_lm_head=setting)
+        trainer = GMPOTrainer(model=model, reward_funcs=hash_reward, args=GMPOConfig(**kwargs),
+                              train_dataset=toy.successor_dataset(), processing_class=tokenizer)  # fmt: skip
+        trainer.gmpo_lm_head_backend = backend
+        return trainer
+    if name == TRAINERS[2]:
         from trl import GRPOConfig as Config
         from trl import GRPOTrainer as Trainer
     else:

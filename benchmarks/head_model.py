@@ -1,6 +1,7 @@
 """A paper model of the LM head's cost per training token on an H100/H200: FLOPs by GEMM dtype,
-and the element-wise passes' memory traffic, for gmpo's head before and after half-precision
-GEMMs and for TRL 1.16's. A model, not a measurement (scripts/gpu.sh measures on a GPU).
+and the element-wise passes' memory traffic, for gmpo's torch head before and after
+half-precision GEMMs, gmpo's fused Triton head, TRL 1.16's, and (estimates from reading their
+code) verl's and Liger's fused kernels. A model, not a measurement (scripts/gpu.sh measures).
 
 Run from the repository root (pure Python, seconds)::
 
@@ -78,7 +79,29 @@ ELEMENTWISE = {
         "forward": {"GEMM writes the bf16 tile": 2, "one Triton pass reads it": 2},
         "backward": {"GEMM writes the bf16 tile": 2, "one Triton pass": 4, "two GEMMs read it": 4},
     },
+    # gmpo_core/_triton_head.py: logits tiles in registers, ∂L/∂z written once for the GEMMs
+    "gmpo fused (Triton)": {
+        "forward": {"logits stay on chip (per-row statistics only)": 0},
+        "backward": {"kernel recomputes the tile, writes bf16 ∂L/∂z": 2, "two GEMMs read it": 4},
+    },
+    # estimates from reading the kernels' code (not run here): verl's use_fused_kernels
+    # (verl/utils/kernel/kernels.py) and Liger 0.8.5's CuTe SM90 kernel keep the forward's
+    # logits on chip; their backward is counted as ours (∂L/∂z written once, read twice)
+    "verl fused kernel": {
+        "forward": {"logits stay on chip": 0},
+        "backward": {"kernel writes bf16 ∂L/∂z": 2, "two GEMMs read it": 4},
+    },
+    "Liger 0.8.5 CuTe SM90": {
+        "forward": {"logits stay on chip": 0},
+        "backward": {"kernel writes bf16 ∂L/∂z": 2, "two GEMMs read it": 4},
+    },
 }
+#: heads whose backward runs by vocabulary slices of all N tokens (gmpo_core/_triton_head.py):
+#: W read 3 times (forward, recomputation, ∂L/∂h) and ∂L/∂W written once per N tokens, and per
+#: slice of ``SLICE`` entries the float32 ∂L/∂h read and written and h read twice
+SLICED = ("gmpo fused (Triton)", "verl fused kernel", "Liger 0.8.5 CuTe SM90")
+#: vocabulary entries per slice: 256 MB of bf16 ∂L/∂z at N = 4096 (``_DZ_BYTES``)
+SLICE = 32_768
 #: head -> (tokens per chunk, bytes of the weight each GEMM reads per element, GEMM dtypes of
 #: (forward + recomputation, the two gradient GEMMs))
 HEADS = {
@@ -86,6 +109,10 @@ HEADS = {
     "gmpo after, backward 'half' (default)": (256, 2, ("bf16", "bf16"), "gmpo"),
     "gmpo after, backward 'float32'": (256, 2, ("bf16", "fp32"), "gmpo, float32 backward"),
     "TRL 1.16 ChunkedLogProbFunction": (4096, 2, ("bf16", "bf16"), "TRL 1.16"),
+    # N = 4096 tokens a call, as TRL's chunk
+    "gmpo fused Triton (default on CUDA)": (4096, 2, ("bf16", "bf16"), "gmpo fused (Triton)"),
+    "verl fused kernel (estimate)": (4096, 2, ("bf16", "bf16"), "verl fused kernel"),
+    "Liger 0.8.5 CuTe SM90 (estimate)": (4096, 2, ("bf16", "bf16"), "Liger 0.8.5 CuTe SM90"),
 }
 
 
@@ -96,7 +123,10 @@ def head_cost(h: int, v: int, head: str) -> dict[str, float]:
     flops[logits] += 4.0 * v * h  # the logits' GEMM and its recomputation
     flops[grads] += 4.0 * v * h  # ∂L/∂h and ∂L/∂W
     per_entry = sum(sum(p.values()) for p in ELEMENTWISE[passes].values())
-    weight = (3 * w_bytes * h + 8 * h) / chunk  # per (token, entry): W reads, ∂L/∂W read+write
+    if passes in SLICED:  # W 3 reads and ∂L/∂W one write per call; ∂L/∂h and h per slice
+        weight = (3 * w_bytes * h + 4 * h) / chunk + (8 * h + 2 * 2 * h) / SLICE
+    else:  # per (token, entry): W reads, ∂L/∂W read+write, per chunk
+        weight = (3 * w_bytes * h + 8 * h) / chunk
     return {**flops, "bytes": (per_entry + weight) * v}
 
 
@@ -159,8 +189,10 @@ def main() -> int:
         "",
         text,
         "",
-        "gmpo_trl's default (`GMPOConfig.gmpo_lm_head` unset) scores with TRL's head on a GPU: "
-        "its rows are the TRL rows; `gmpo_lm_head=True` gives the gmpo rows.",
+        "gmpo_trl's default (`GMPOConfig.gmpo_lm_head` unset) on CUDA with Triton is the fused "
+        "head (its rows); without Triton, TRL's head (the TRL rows); `gmpo_lm_head=False` gives "
+        "TRL's everywhere. The verl and Liger rows are estimates from reading their kernels' "
+        "code, counted with our backward's structure.",
         "",
         "Element-wise bytes per (token, vocabulary entry), by pass:",
         "",

@@ -19,13 +19,21 @@
 #   6. the LM head alone in bf16 at Liger's shapes (H 4096, V 128,256, N 2,048 and 16,384): gmpo's
 #      token_logprobs with both backward precisions, the materialized head and, where trl is
 #      installed, TRL's ChunkedLogProbFunction -> results/figures-lm-head/lm_head_cuda_bf16.*;
-#   7. one training step (loss, backward, AdamW) of gmpo_trl's GMPOTrainer (its default head, TRL's
-#      on a GPU, and gmpo_lm_head=True), TRL's GRPOTrainer and trl.experimental.gmpo.GMPOTrainer
+#   7. one training step (loss, backward, AdamW) of gmpo_trl's GMPOTrainer with each LM head (its
+#      default, the fused Triton head on a GPU; gmpo_lm_head=True; gmpo_core's torch backend;
+#      TRL's head, gmpo_lm_head=False), TRL's GRPOTrainer and trl.experimental.gmpo.GMPOTrainer
 #      on the same batch, a Qwen3-0.6B-shaped model built from
 #      its config (random weights, no hub), bf16: seconds per step and peak memory
 #      -> results/figures-lm-head/gpu_step_cuda.*; skipped, with its reason, where trl is not
 #      installed (carry its wheel in: pip install --no-deps trl==1.16.0, with accelerate and
 #      datasets if missing);
+#   8. the fused LM head's tests (tests/core/test_lm_head_triton.py): natively on CUDA (the
+#      gpu-marked variants); in the dry run, in Triton's interpreter on the CPU;
+#   9. the fused LM head against gmpo_core's torch backend, TRL's head and Liger's (where
+#      installed) at head_model.py's three shapes (Qwen3-0.6B, Qwen2.5-1.5B, Qwen2.5-7B; N 4096,
+#      bf16): forward+backward time, peak memory, log-prob and entropy error against float64
+#      -> results/figures-lm-head/fused_head_cuda.{md,json}; the CUDA default of gmpo_trl's head
+#      (docs/lm_head.md, "The fused head") goes back to TRL's if this shows the fused head slower;
 #   and the whole log -> results/gpu/gpu_cuda.log.
 #
 #   bash scripts/gpu.sh                       # on a GPU machine
@@ -66,7 +74,8 @@ if [ "$DRY" != 0 ]; then
   LIGER=(--quick --paths "gmpo plain,gmpo plain fp32-backward,Liger grpo,Liger dapo,TRL materialized" --no-memory)
   HEAD_BF16=(--quick --dtype bfloat16 --paths gmpo,gmpo-fp32-backward,materialized,trl)
   STEP=(--quick)
-  LIMITS=(60 60 60 60 60 60 90)  # seconds per step
+  FUSED=(--quick)
+  LIMITS=(60 60 60 60 60 60 120 90 60)  # seconds per step
 else
   if ! $PY -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
     echo "no CUDA device: GMPO_GPU_DRY_RUN=1 bash scripts/gpu.sh is the CPU dry run" >&2
@@ -82,8 +91,9 @@ else
          --paths "gmpo plain,gmpo plain fp32-backward,Liger grpo,Liger grpo compiled,Liger dapo,TRL materialized")
   HEAD_BF16=(--tokens 2048,16384 --hidden 4096 --vocab 128256 --dtype bfloat16 --repeats 1
              --sweep-repeats 1 --tag cuda_bf16 --paths gmpo,gmpo-fp32-backward,materialized,trl)
-  STEP=(--tag cuda)
-  LIMITS=(75 35 35 35 50 30 40)  # 300 s, and the start: within five minutes
+  STEP=(--tag cuda --warmup 1 --repeats 2)
+  FUSED=(--tokens 4096 --repeats 2 --tag cuda)
+  LIMITS=(55 25 25 25 45 25 45 20 35)  # 300 s, and the start: within five minutes
   mkdir -p results/gpu
   exec > >(tee results/gpu/gpu_cuda.log) 2>&1
 fi
@@ -154,6 +164,16 @@ if $PY -c "import importlib.util as u, sys; sys.exit(u.find_spec('trl') is None)
 else
   echo "== training step against TRL's trainers: skipped: trl is not installed for $PY"
   summary+=("skipped 0 s  training step against TRL's trainers (trl not installed)")
+fi
+
+if $PY -c "import importlib.util as u, sys; sys.exit(u.find_spec('triton') is None)"; then
+  step "fused LM head tests (Triton: native on CUDA, its interpreter on the CPU)" "${LIMITS[7]}" \
+    $PY -m pytest -q -p no:cacheprovider tests/core/test_lm_head_triton.py
+  step "fused LM head vs torch backend, TRL's, Liger's (bf16, three model shapes)" "${LIMITS[8]}" \
+    $PY benchmarks/bench_fused_head.py --device "$DEVICE" "${FUSED[@]}"
+else
+  echo "== fused LM head: skipped: triton is not installed for $PY"
+  summary+=("skipped 0 s  fused LM head tests and benchmark (triton not installed)")
 fi
 
 load=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?")
