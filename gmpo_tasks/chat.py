@@ -173,13 +173,13 @@ class ChatTask(GymTask):
         self,
         prompts: Sequence[Any],
         completions: Sequence[Any],
-        entry: Sequence[str | dict[str, Any]] | None = None,
+        entry: Sequence[str | dict[str, Any]],
         **_: Any,
     ) -> list[float]:
         """Per completion, the gym's ``score_answer`` of the answer in it (:meth:`extract`)
-        against its entry (the dataset's ``entry`` column; TRL's reward signature)."""
-        if entry is None:
-            raise ValueError(f"the {self.name} task's reward needs the dataset's 'entry' column")
+        against its entry (the dataset's ``entry`` column; TRL's reward signature: a parameter
+        without a default, so that a dataset without the column is refused before any model
+        loads, ``gmpo_trl.rewards.check_reward``)."""
         return [self.score(self.extract(reply_text(c)), self.entry("", e))
                 for c, e in zip(completions, entry, strict=True)]  # fmt: skip
 

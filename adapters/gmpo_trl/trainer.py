@@ -25,6 +25,7 @@ from gmpo_trl import resume, variant, vllm_cpu
 from gmpo_trl.compat import check_compute_loss, check_liger, forward_keys
 from gmpo_trl.config import HOST, Checked, GMPOConfig, check_config
 from gmpo_trl.head_swap import lm_head_swapped
+from gmpo_trl.rewards import check_rewards
 from gmpo_variants import Variant
 
 FORWARD_KEYS = forward_keys()
@@ -86,6 +87,9 @@ class GMPOTrainer(GRPOTrainer):
             checked = check_config(args)
         check_liger(args.use_liger_kernel)
         check_compute_loss()
+        # each reward function takes TRL's call (before the model loads, not at the first step)
+        check_rewards(reward_funcs, kwargs.get("train_dataset"),
+                      environments=kwargs.get("environment_factory") is not None)  # fmt: skip
         vllm_cpu.prepare(model, args)  # use_vllm: checks and the CPU workaround, before the engine
         super().__init__(model, reward_funcs, args=args, **kwargs)
         self._variant: Variant | None = checked.variant  # loss_variant(args), the check's

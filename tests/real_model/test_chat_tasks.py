@@ -88,5 +88,5 @@ def test_spell_backward_scores_the_last_word_by_the_gym() -> None:
 
 
 def test_the_reward_needs_the_entry_column() -> None:
-    with pytest.raises(ValueError, match="'entry' column"):
+    with pytest.raises(TypeError, match="'entry'"):  # a parameter without a default
         TASKS["chat_chain_sum"].reward(["p"], ["3"])

@@ -54,7 +54,7 @@ def test_help_is_short_and_imports_no_trl_trainer(command):
     assert ("--grpo_epsilon" in text) == ("--seeds" in text) == (command == "compare")
 
 
-def test_help_defaults_are_gmpoconfigs():
+def test_help_defaults_are_gmpoconfigs(tmp_path):
     """What --help says a --model run gets is GMPOConfig's default, or a pretrained model's
     (MODEL_DEFAULTS: what a run on a pretrained model gets instead), read without TRL; and it is
     what a --model run's config holds."""
@@ -68,7 +68,10 @@ def test_help_defaults_are_gmpoconfigs():
 
     declared = {f.name: f for f in dataclasses.fields(GMPOConfig)}
     assert set(MODEL_DEFAULTS) <= set(COMMON_TRL_OPTIONS)  # each shown by --help
-    argv = ["--model", "org/model", "--dataset", "org/data", "--output_dir", "x"]
+    local = tmp_path  # a model directory and a data file: checked up front
+    (local / "config.json").write_text("{}")
+    (local / "d.jsonl").write_text('{"prompt": "1 2"}\n')
+    argv = ["--model", str(local), "--dataset", str(local / "d.jsonl"), "--output_dir", "x"]
     for command in ("train", "compare"):  # the two commands share them
         run = parse(command, argv).config(GMPOConfig)
         for name, (_, default, _) in COMMON_TRL_OPTIONS.items():
@@ -307,6 +310,7 @@ def test_a_model_named_in_the_config_file_is_not_the_toy_run(tmp_path):
     from gmpo_trl.cli.parsing import parse
 
     (tmp_path / "run.yaml").write_text(f"model: {tmp_path}\nmax_steps: 4\n")
+    (tmp_path / "config.json").write_text("{}")  # a model directory, checked up front
     toy = parse("train", ["--output_dir", str(tmp_path / "out")])
     named = parse("train", ["--config", str(tmp_path / "run.yaml"), "--output_dir", str(tmp_path)])
     assert toy.script.model is None and toy.defaults["learning_rate"] == 5e-3
@@ -331,6 +335,7 @@ def test_own_model_dataset_and_reward_need_no_reasoning_gym(tmp_path, monkeypatc
         lambda name, *a: None if name == "reasoning_gym" else real_find_spec(name, *a),
     )
     (tmp_path / "d.jsonl").write_text('{"prompt": "1 2"}\n')
+    (tmp_path / "config.json").write_text("{}")  # a model directory, as far as the path goes
     own = ["--model", str(tmp_path), "--dataset", str(tmp_path / "d.jsonl"),
            "--output_dir", str(tmp_path / "out")]  # fmt: skip
     assert parse("train", own).script.task == "successor"

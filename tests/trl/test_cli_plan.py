@@ -179,6 +179,13 @@ def test_from_parsed_arguments_to_the_loss_no_module_is_visited_twice(
     trace = trace_train(monkeypatch, argv)
     assert trace.reached_loss
     twice = {module: n for module, n in trace.visited().items() if n > 1}
+    # the user's dataset: its columns checked against the rewards by the plan, before a model
+    # is resolved (a packaged one converted), and by GMPOTrainer when it is built (a Python
+    # user's only check); the task's dataset: by GMPOTrainer alone
+    again = [by for module, _, by in trace.order if module == "gmpo_trl.rewards"]
+    if inputs == "user":
+        assert again == ["gmpo_trl.cli.upfront", "gmpo_trl.trainer"], trace.order
+        twice.pop("gmpo_trl.rewards")
     assert twice == {}, trace.order
     # the path: the command, its plan, the config and the core's rules, the trainer, the loss
     for module in (
@@ -193,11 +200,13 @@ def test_from_parsed_arguments_to_the_loss_no_module_is_visited_twice(
         assert module in trace.visited(), (module, trace.order)  # fmt: skip
     # each check once (the config's own rules: at construction only; the plan and the trainer
     # read the same check of the same values, check_config's record, which runs nothing again)
-    for name in ("get_task", "_check_values", "check_hyperparameters"):
+    for name in ("task_of", "_check_values", "check_hyperparameters"):
         assert trace.calls[name] == 1, (name, trace.calls)
     ran = 1 if inputs == "user" else 0
-    for name in ("check_model", "check_dataset", "resolve_reward", "load_dataset"):
+    for name in ("resolve_reward", "load_dataset"):
         assert trace.calls[name] == ran, (name, trace.calls)
+    for name in ("check_model", "check_dataset"):  # up front, while parsing: not again
+        assert trace.calls[name] == 0, (name, trace.calls)
 
 
 def test_a_loss_variant_is_resolved_and_checked_once(tmp_path, monkeypatch):

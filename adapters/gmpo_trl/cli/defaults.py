@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gmpo_tasks.catalog import TASKS, check_available, get_task
+from gmpo_tasks.catalog import TASKS, check_available
+from gmpo_trl import device
 from gmpo_trl.cli.errors import CLIError
+from gmpo_trl.device import has_accelerator as has_accelerator  # the rule's, re-exported
 
 #: What a run on a pretrained model (``--model``, or a chat task's own) gets where TRL's
 #: defaults suit long runs on many GPUs rather than a short one: two passes over each generation
@@ -65,10 +67,12 @@ def task_defaults(task: str, output_dir: str) -> dict[str, Any]:
 
 
 def _task(name: str) -> Any:
-    try:
-        return get_task(name)
-    except ValueError as err:  # a --config file's value, which argparse's choices do not see
-        raise CLIError(str(err)) from err
+    """The task called ``name`` (a --config file's value, which argparse's choices do not see),
+    its extra not checked: the up-front checks do, where the run uses the task
+    (``gmpo_trl.cli.upfront.task_of``)."""
+    if not isinstance(name, str) or name not in TASKS:
+        raise CLIError(f"--task must be one of {', '.join(TASKS)}, got {name!r}")
+    return TASKS[name]
 
 
 def default_task(model: str | None, dataset: str | None = None) -> str:
@@ -101,17 +105,25 @@ def toy_settings(command: str) -> dict[str, Any]:
     return {k: v for k, v in args.items() if k not in skip}
 
 
-def has_accelerator() -> bool:
-    """Whether torch sees a GPU (CUDA/ROCm), an Apple GPU (MPS) or an Intel GPU (XPU)."""
-    import torch
-
-    if torch.cuda.is_available():
-        return True
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        return True
-    xpu = getattr(torch, "xpu", None)
-    return bool(xpu is not None and xpu.is_available())
+def settings(
+    command: str,
+    *,
+    model: str | None,
+    output_dir: str | None,
+    task: str | None = None,
+    dataset: str | None = None,
+) -> dict[str, Any]:
+    """:func:`run_defaults` but the CPU's (which import torch to look for an accelerator):
+    what ``--help`` shows and the up-front checks read."""
+    out = output_dir or default_output_dir(command)
+    base: dict[str, Any] = {"output_dir": out, "report_to": []}
+    chosen = _task(task or default_task(model, dataset))
+    pretrained = model is not None or chosen.model_name is not None
+    if pretrained:
+        base.update(MODEL_DEFAULTS)
+    if (chosen.model_name is None and model is None) or (chosen.model_name and dataset is None):
+        base.update(task_defaults(chosen.name, out))
+    return {**base, **COMMAND_DEFAULTS.get(command, {})}
 
 
 def run_defaults(
@@ -127,14 +139,6 @@ def run_defaults(
     task's settings (``task``, by default :func:`default_task`'s): a tiny-model task's where its
     model is trained (no ``model``; they are that model's), a chat task's on its own prompts (no
     ``dataset``); then the command's own."""
-    out = output_dir or default_output_dir(command)
-    base: dict[str, Any] = {"output_dir": out, "report_to": []}
-    if not has_accelerator():
-        base.update(use_cpu=True, bf16=False)
-    chosen = _task(task or default_task(model, dataset))
-    pretrained = model is not None or chosen.model_name is not None
-    if pretrained:
-        base.update(MODEL_DEFAULTS)
-    if (chosen.model_name is None and model is None) or (chosen.model_name and dataset is None):
-        base.update(task_defaults(chosen.name, out))
-    return {**base, **COMMAND_DEFAULTS.get(command, {})}
+    base = device.cpu_defaults()  # GMPOConfig's own rule; GRPO's side of compare needs it too
+    return {**base, **settings(command, model=model, output_dir=output_dir, task=task,
+                               dataset=dataset)}  # fmt: skip

@@ -6,6 +6,11 @@ What the user set (the YAML and the command line) is kept apart from the run's d
 (:func:`gmpo_trl.cli.defaults.run_defaults`), so that each config a command needs is built from
 the same values (:meth:`~gmpo_trl.cli.runs.Parsed.config`), and the names of the options set are
 known: every option's default is :data:`_UNSET` while parsing.
+
+The command line is parsed twice, from the same code: first against the table of options
+(:mod:`gmpo_trl.cli.options`), which imports no TRL, for the up-front checks
+(:mod:`gmpo_trl.cli.upfront`: a typo, a path, a reward, a sampling setting: one line in well
+under a second); then by TRL's own parser, which has the last word on every value.
 """
 
 from __future__ import annotations
@@ -15,16 +20,19 @@ import dataclasses
 import os
 from typing import Any, NoReturn
 
+from gmpo_trl.cli import options
 from gmpo_trl.cli.commands import COMMANDS
-from gmpo_trl.cli.defaults import check_default_task, default_task, run_defaults
+from gmpo_trl.cli.defaults import default_task, run_defaults, settings
 from gmpo_trl.cli.errors import CLIError
 from gmpo_trl.cli.runs import Parsed
+from gmpo_trl.cli.upfront import check_command_line
 
 _UNSET = object()  # the default of every option while parsing: what is not _UNSET, the user set
 
 
-def _parser(command: str) -> Any:
-    """A TrlParser whose errors are CLIError (one line) instead of usage + exit."""
+def trl_parser(command: str) -> Any:
+    """A TrlParser whose errors are CLIError (one line) instead of usage + exit (imports TRL:
+    seconds)."""
     from trl import TrlParser
 
     from gmpo_trl import GMPOConfig
@@ -38,7 +46,7 @@ def _parser(command: str) -> Any:
 
 def full_help(command: str) -> str:
     """``--help-all``: every option, from TRL's parser (imports TRL: seconds)."""
-    return str(_parser(command).format_help())
+    return str(trl_parser(command).format_help())
 
 
 def _yaml_problem(err: Exception) -> str:
@@ -121,21 +129,32 @@ def _pop_config(argv: list[str]) -> str | None:
     return None
 
 
-def parse(command: str, argv: list[str]) -> Parsed:
-    """The command line of ``gmpo <command>``, parsed once (``--config``'s values below it)."""
-    argv = list(argv)
-    path = _pop_config(argv)
-    from_file = read_config_file(path) if path is not None else {}
-    parser = _parser(command)
-    for action in parser._actions:
-        if action.default is not argparse.SUPPRESS:
-            action.default, action.required = _UNSET, False
+def _values(
+    parser: Any,
+    argv: list[str],
+    from_file: dict[str, Any],
+    path: str | None,
+    *,
+    strict: bool = True,
+) -> dict[str, Any]:
+    """The option values the user set (``--config``'s, then argv's) by ``parser``, whose every
+    default is :data:`_UNSET`; an option it does not know is an error, unless not ``strict``."""
+    actions = {a.dest for a in parser._actions}
     from_file = _typed(parser, from_file, path) if path is not None else from_file
-    file_rest = parser.set_defaults_with_config(**from_file)  # unknown keys as ["--key", "value"]
+    for action in parser._actions:  # as TrlParser.set_defaults_with_config: a YAML value is
+        if action.dest in from_file:  # the option's default, converted as argparse converts
+            action.default = from_file[action.dest]  # a string default
+    file_rest = [item for key, value in from_file.items() if key not in actions
+                 for item in (f"--{key}", str(value))]  # fmt: skip
     namespace, rest = parser.parse_known_args(argv)
-    if file_rest or rest:
+    if (file_rest or rest) and strict:
         raise CLIError(f"unrecognized arguments: {' '.join([*file_rest, *rest])}")
-    values = {k: v for k, v in vars(namespace).items() if v is not _UNSET}
+    return {k: v for k, v in vars(namespace).items() if v is not _UNSET}
+
+
+def _script(command: str, values: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The command's own arguments of ``values``, with the task a run that names none trains
+    (:func:`~gmpo_trl.cli.defaults.default_task`), and the config values, the rest."""
     script_cls = COMMANDS[command].arguments
     own = {f.name for f in dataclasses.fields(script_cls)}
     try:
@@ -144,8 +163,52 @@ def parse(command: str, argv: list[str]) -> Parsed:
         raise CLIError(str(err).splitlines()[0]) from err
     if "task" not in values:  # with --model and no --dataset, a chat task (default_task)
         script = dataclasses.replace(script, task=default_task(script.model, script.dataset))
-        check_default_task(script.task)
-    config_values = {k: v for k, v in values.items() if k not in own}
+    return script, {k: v for k, v in values.items() if k not in own}
+
+
+def check_values(command: str, values: dict[str, Any]) -> None:
+    """The up-front checks (:mod:`gmpo_trl.cli.upfront`) of the option values the user set."""
+    script, config_values = _script(command, values)
+
+    def defaults() -> dict[str, Any]:
+        return settings(command, model=script.model, output_dir=values.get("output_dir"),
+                        task=script.task, dataset=script.dataset)  # fmt: skip
+
+    check_command_line(script, config_values, defaults, task_given="task" in values)
+
+
+def check_early(command: str, argv: list[str], from_file: dict[str, Any], path: str | None) -> bool:
+    """The up-front checks of the command line parsed against the table of options, before TRL
+    is imported; whether they ran. Where the installed TRL or transformers is not the table's,
+    an option the table does not know is left to TRL's parser, and a command line the table
+    cannot parse is checked once TRL's parser has read it (:func:`parse`)."""
+    strict = options.table_is_current()
+    try:
+        values = _values(options.parser(command, _UNSET), argv, dict(from_file), path,
+                         strict=strict)  # fmt: skip
+    except CLIError:
+        if strict:
+            raise
+        return False
+    check_values(command, values)
+    return True
+
+
+def parse(command: str, argv: list[str]) -> Parsed:
+    """The command line of ``gmpo <command>``, parsed once (``--config``'s values below it),
+    after the up-front checks (:func:`check_early`)."""
+    argv = list(argv)
+    path = _pop_config(argv)
+    from_file = read_config_file(path) if path is not None else {}
+    checked = check_early(command, argv, from_file, path)
+    parser = trl_parser(command)
+    for action in parser._actions:
+        if action.default is not argparse.SUPPRESS:
+            action.default, action.required = _UNSET, False
+    values = _values(parser, argv, from_file, path)
+    if not checked:
+        check_values(command, values)
+    script, config_values = _script(command, values)
     defaults = run_defaults(
         command,
         model=script.model,

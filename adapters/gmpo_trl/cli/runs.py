@@ -24,19 +24,19 @@ from gmpo_tasks.task import Task
 from gmpo_trl.cli.callbacks import json_lines, quiet_progress_bar
 from gmpo_trl.cli.checks import (
     check_counts,
-    check_inputs,
     check_resume,
     check_run,
-    check_task,
     check_task_lengths,
     check_vllm,
     load_dataset,
+    resolve_reward,
 )
 from gmpo_trl.cli.errors import CLIError, Interrupted
 from gmpo_trl.cli.held_out import SAMPLES, held_out_reward
 from gmpo_trl.cli.model_checks import check_format_reward, resolve_model
 from gmpo_trl.cli.plots import log_clip_range, plot_training
 from gmpo_trl.cli.reports import read_metrics, run_summary, summary_line, summary_markdown
+from gmpo_trl.cli.upfront import check_columns, task_of
 
 
 @dataclass(frozen=True)
@@ -119,8 +119,9 @@ def build_plan(
             check_variant(config, explicit=parsed.set_by_user)
         except ValueError as err:
             raise CLIError(str(err)) from err
-    task = check_task(script.task)
-    rewards = check_inputs(script) or [task.reward]
+    task = task_of(script)
+    # the model, dataset and reward options: checked up front (gmpo_trl.cli.upfront)
+    rewards = [resolve_reward(spec) for spec in script.reward] or [task.reward]
     if script.format_reward:
         rewards.append(check_format_reward(task, script))
     if script.model is None and script.dataset is None:
@@ -132,11 +133,29 @@ def build_plan(
         from trl import GRPOConfig
 
         others = {name: parsed.config(GRPOConfig, **forced) for name, forced in comparators.items()}
-    model = resolve_model(script, task)  # a packaged model converted once, on first use
     quiet()
     dataset = None if script.dataset is None else load_dataset(script.dataset, script.dataset_split)
+    if dataset is not None:  # every column a reward needs, before any model
+        check_columns(rewards, dataset.column_names, f"--dataset {script.dataset!r}")
+    model = resolve_model(script, task)  # a packaged model converted once, on first use
     variant = loss_variant(config)
     return Plan(script, config, task, tuple(rewards), dataset, variant, resume, others, model)
+
+
+def checks_rewards(trainer_cls: Any) -> bool:
+    """Whether ``trainer_cls`` (a class, or a ``functools.partial`` of one) is a
+    ``GMPOTrainer``, which checks its reward functions against the dataset when it is built."""
+    from gmpo_trl.trainer import GMPOTrainer
+
+    cls = getattr(trainer_cls, "func", trainer_cls)
+    return isinstance(cls, type) and issubclass(cls, GMPOTrainer)
+
+
+def script_dataset(plan: Plan) -> str:
+    """The dataset of ``plan``'s runs, as a message names it."""
+    if plan.script.dataset is not None:
+        return f"--dataset {plan.script.dataset!r}"
+    return f"the {plan.task.name} task's dataset"
 
 
 def quiet() -> None:
@@ -170,6 +189,8 @@ def build_trainer(plan: Plan, config: Any, trainer_cls: type) -> Any:
     else:
         model_arg, kwargs = plan.model, {}
     rewards = list(plan.rewards)
+    if not checks_rewards(trainer_cls):  # TRL's GRPOTrainer (gmpo compare): checked here
+        check_columns(rewards, dataset.column_names, script_dataset(plan))
     try:
         trainer = trainer_cls(
             model=model_arg,
