@@ -15,6 +15,7 @@ from trl import GRPOConfig
 from gmpo_core.lm_head import BACKWARD_PRECISIONS
 from gmpo_core.options import IMPLS, check_beta
 from gmpo_kit import HostOptions
+from gmpo_trl.device import cpu_defaults
 from gmpo_trl.fields import GMPO_FIELDS, OTHER_LOSS_FIELDS
 from gmpo_variants import Variant, resolve
 
@@ -65,6 +66,14 @@ class GMPOConfig(GRPOConfig):
     - ``loss_variant`` (default None): a loss variant (a name of ``gmpo_variants.VARIANTS`` or
       ``module:function``) in place of ``gmpo_core.gmpo_loss``; :func:`check_config` refuses
       what it would drop, and resolves it once (:func:`loss_variant`).
+    - ``use_cpu`` (default None) and ``bf16`` (default None, TRL's): where torch sees no
+      accelerator (CUDA/ROCm, MPS, XPU), the run trains on the CPU in float32 (``use_cpu=True``,
+      ``bf16=False``; TRL's ``bf16=True`` fails there); elsewhere ``use_cpu`` is False and
+      ``bf16`` TRL's default. A value you set wins (``gmpo_trl.device.cpu_defaults``, the rule
+      the ``gmpo`` command uses too).
+    - Checkpoints are TRL's default (``save_strategy="steps"``, every ``save_steps`` = 500 steps
+      and at the end of training); ``save_strategy="no"`` writes none (the ``gmpo`` command's
+      default).
     """
 
     epsilon: float = _option("epsilon")
@@ -76,8 +85,22 @@ class GMPOConfig(GRPOConfig):
     gmpo_lm_head: bool | None = _option("gmpo_lm_head")
     gmpo_lm_head_backward: str = _option("gmpo_lm_head_backward")
     loss_variant: str | None = _option("loss_variant")
+    # None: not set (decided in __post_init__); typed bool so that TRL's parser keeps the bare
+    # flag `--use_cpu` (a `bool | None` field would need a value)
+    use_cpu: bool = field(  # type: ignore[assignment]
+        default=None,
+        metadata={
+            "help": "Train on the CPU. Default: True where torch sees no accelerator (then bf16 "
+            "defaults to False), else False."
+        },
+    )
 
     def __post_init__(self) -> None:
+        for name, value in cpu_defaults().items():  # no accelerator: the CPU, in float32
+            if getattr(self, name) is None:  # not set by the user
+                setattr(self, name, value)
+        if self.use_cpu is None:
+            self.use_cpu = False
         super().__post_init__()
         check_config(self)
 

@@ -21,6 +21,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
 from gmpo_kit import MetricStates, add_core_stats, core_metrics, gmpo_loss_with_kl, read
+from gmpo_tasks import pretrained
 from gmpo_trl import resume, variant, vllm_cpu
 from gmpo_trl.compat import check_compute_loss, check_liger, forward_keys
 from gmpo_trl.config import HOST, Checked, GMPOConfig, check_config
@@ -90,6 +91,7 @@ class GMPOTrainer(GRPOTrainer):
         # each reward function takes TRL's call (before the model loads, not at the first step)
         check_rewards(reward_funcs, kwargs.get("train_dataset"),
                       environments=kwargs.get("environment_factory") is not None)  # fmt: skip
+        model = builtin_model(model)  # "smollm2-135m": its local directory, as `gmpo train` does
         vllm_cpu.prepare(model, args)  # use_vllm: checks and the CPU workaround, before the engine
         super().__init__(model, reward_funcs, args=args, **kwargs)
         self._variant: Variant | None = checked.variant  # loss_variant(args), the check's
@@ -332,6 +334,18 @@ class GMPOTrainer(GRPOTrainer):
         else:
             self.entropy_coef = max(self.entropy_coef - step, self.args.entropy_coef_min)
         self._last_world_entropy = world
+
+
+def builtin_model(model: Any) -> Any:
+    """``model`` as GRPOTrainer takes it: a built-in model's name (a key of
+    ``gmpo_tasks.pretrained.MODELS``: ``"smollm2-135m"``) becomes its local directory,
+    converted once into a cache on first use (``gmpo_tasks.pretrained.resolve``, the command
+    line's resolver, which raises a one-line ValueError naming the install where the package
+    that ships the model is missing); anything else (a hub id, a directory, a model) is
+    returned as it is."""
+    if isinstance(model, str) and model in pretrained.MODELS:
+        return pretrained.resolve(model)
+    return model
 
 
 def completion_tokens(inputs: dict[str, Any]) -> Tensor:

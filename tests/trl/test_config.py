@@ -168,7 +168,9 @@ def test_gmpo_options_come_from_the_option_table():
                 option.help,
             ), name
     redeclared = {n for n in grpo if declared[n] is not grpo[n]}  # inherited: the same Field
-    assert redeclared == {n for n, o in fields.GMPO_FIELDS.items() if not o.added}
+    # and use_cpu, not a loss option: None (unset) until the CPU rule (gmpo_trl.device) decides
+    assert redeclared == {n for n, o in fields.GMPO_FIELDS.items() if not o.added} | {"use_cpu"}
+    assert declared["use_cpu"].default is None and grpo["use_cpu"].default is False
 
 
 def test_every_rejected_field_is_refused(tmp_path):
