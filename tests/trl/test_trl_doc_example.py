@@ -71,7 +71,7 @@ def test_the_checkpoint_default_is_stated_beside_the_example(tmp_path):
     beside = _page_after_mark().split("\n## ", 1)[0]
     said = " ".join(beside.split())
     assert 'keeps TRL\'s default, `save_strategy="steps"`' in said
-    assert "every `save_steps` (500) steps and at the end of training" in said
+    assert "every `save_steps` steps and at the end of training" in said
     assert '`save_strategy="no"` writes none' in said
     assert "runs/gmpo/checkpoint-10" in said and STEPS in example_source()
     args = GMPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False)
