@@ -4,11 +4,12 @@ Imported only by that backend (``gmpo_core`` itself needs torch and numpy alone)
 kernels, each of which computes logits tiles ``z = s·(h Wᵀ + b)/τ`` in float32 accumulators
 from the inputs' own bf16/fp16/float32 operands and never writes them to device memory:
 
-- **forward** (one program per block of ``BLOCK_N`` tokens): walks the vocabulary in tiles of
+- **forward** (one program per block of ``BLOCK_N`` tokens and split of the vocabulary: as
+  many splits as fill the GPU, merged by :func:`_merge`): walks its split in tiles of
   ``BLOCK_V`` entries, each tile the sum over ``BLOCK_H`` slices of the hidden size of
   ``tl.dot`` products, and folds it into an online log-sum-exp (running max m, Σ exp(z − m), and
   Σ exp(z − m)·(z − m) for the entropy) and the target's logit. It writes four floats per token
-  (lse, log-prob, entropy): 0 bytes per (token, vocabulary entry).
+  and split (max, Σexp, Σexp·(z − max), z_y): 0 bytes per (token, vocabulary entry).
 - **backward** (one program per (token block, vocabulary tile), over one vocabulary slice of
   all N tokens at a time, the slice's ∂L/∂z at most ``_DZ_BYTES``): recomputes the tile the same
   way, turns it into ∂L/∂(h Wᵀ + b) = s/τ·(g_logp·(1[v = y] − p_v) − g_H·p_v·(log p_v + H)), and
@@ -35,6 +36,7 @@ and CPU tensors are refused with a message saying so.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -54,28 +56,32 @@ _LOG_ZERO = -1e4
 #: each program is numpy work: fewer, larger tiles are faster)
 _BLOCKS_GPU = (64, 128, 64)
 _BLOCKS_INTERPRETED = (32, 128, 64)
+#: programs the forward aims at: 4 per SM of an H100 (132 SMs); fewer token blocks than that
+#: split the vocabulary among programs, merged in torch (:func:`_merge`)
+_PROGRAMS = 528
 #: bytes of the backward's ∂L/∂z buffer (all tokens × one vocabulary slice): 256 MB, e.g. 4096
 #: tokens × 32,768 entries in bf16
 _DZ_BYTES = 256 << 20
 
 
 def _forward_kernel(  # type: ignore[no-untyped-def]
-    h_ptr, w_ptr, b_ptr, y_ptr, lse_ptr, logp_ptr, ent_ptr,
-    n_rows, vocab, hid, stride_h, stride_w, scale,
+    h_ptr, w_ptr, b_ptr, y_ptr, stats_ptr,
+    n_rows, vocab, hid, stride_h, stride_w, scale, split_len,
     HAS_BIAS: tl.constexpr, ENTROPY: tl.constexpr, F32_DOT: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    split = tl.program_id(1)  # this program's slice of the vocabulary: split_len entries
     rmask = rows < n_rows
     y = tl.load(y_ptr + rows, mask=rmask, other=-1)
-    valid = (y >= 0) & (y < vocab)  # an ignored target: log-prob 0, no gradient
+    v_end = tl.minimum(vocab, (split + 1) * split_len)
     m = tl.full([BLOCK_N], float("-inf"), tl.float32)  # running max of z
     s = tl.zeros([BLOCK_N], dtype=tl.float32)  # Σ exp(z − m)
     a = tl.zeros([BLOCK_N], dtype=tl.float32)  # Σ exp(z − m)·(z − m)
     zy = tl.zeros([BLOCK_N], dtype=tl.float32)  # z of the target
-    for v0 in range(0, vocab, BLOCK_V):
+    for v0 in range(split * split_len, v_end, BLOCK_V):
         cols = v0 + tl.arange(0, BLOCK_V)
-        cmask = cols < vocab
+        cmask = cols < v_end
         acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
         for k0 in range(0, hid, BLOCK_H):
             ks = k0 + tl.arange(0, BLOCK_H)
@@ -106,13 +112,13 @@ def _forward_kernel(  # type: ignore[no-untyped-def]
         s = alpha * s + tl.sum(p, 1)
         zy += tl.sum(tl.where(cols[None, :] == y[:, None], z, 0.0), 1)
         m = m_new
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    log_s = tl.log(s)
-    lse = m_safe + log_s
-    tl.store(lse_ptr + rows, lse, mask=rmask)
-    tl.store(logp_ptr + rows, tl.where(valid, zy - lse, 0.0), mask=rmask)
-    if ENTROPY:
-        tl.store(ent_ptr + rows, log_s - a / s, mask=rmask)
+    # this split's statistics, (4, splits, N): merged across splits by _merge
+    base = stats_ptr + split * n_rows + rows
+    plane = tl.num_programs(1) * n_rows
+    tl.store(base, m, mask=rmask)
+    tl.store(base + plane, s, mask=rmask)
+    tl.store(base + 2 * plane, a, mask=rmask)
+    tl.store(base + 3 * plane, zy, mask=rmask)
 
 
 def _backward_kernel(  # type: ignore[no-untyped-def]
@@ -210,6 +216,29 @@ def _check_device(device: torch.device) -> None:
     raise ValueError(f"token_logprobs(backend='triton') needs CUDA tensors, got {device.type}")
 
 
+def _splits(n_tok: int, vocab: int, bn: int, bv: int) -> int:
+    """Vocabulary splits of the forward: enough programs to fill the GPU (``_PROGRAMS``) where
+    the token blocks alone are too few, each split at least one vocabulary tile."""
+    blocks = triton.cdiv(n_tok, bn)
+    return max(1, min(int(triton.cdiv(vocab, bv)), int(triton.cdiv(_PROGRAMS, blocks))))
+
+
+def _merge(stats: Tensor, targets: Tensor, vocab: int) -> tuple[Tensor, Tensor, Tensor]:
+    """lse, log-probs and entropies (N,) from the splits' (max, Σexp, Σexp·(z − max), z_y)."""
+    m, s, a, zy = stats.unbind(0)  # (splits, N) each
+    top = m.amax(0)  # (N,)
+    top = torch.where(top == -math.inf, 0.0, top)
+    alpha = torch.exp(m - top)  # 0 for a split of −inf only
+    shift = torch.where(s > 0, m - top, 0.0)
+    s_all = (alpha * s).sum(0)
+    a_all = (alpha * (a + s * shift)).sum(0)
+    log_s = torch.log(s_all)
+    lse = top + log_s
+    valid = (targets >= 0) & (targets < vocab)  # an ignored target: log-prob 0, no gradient
+    logps = torch.where(valid, zy.sum(0) - lse, 0.0)
+    return lse, logps, log_s - a_all / s_all
+
+
 def _f32_dot(a: Tensor, b: Tensor, interpreted: bool) -> bool:
     """Whether the kernels convert tiles to float32 (``input_precision="ieee"``) before
     ``tl.dot``: in the interpreter, for float32 operands, or for operands of two dtypes."""
@@ -240,17 +269,18 @@ class _FusedTokenLogProbs(torch.autograd.Function):
         h = hidden.to(plan.forward) if plan.forward != plan.compute else hidden
         w = operand(weight, plan.forward, plan.compute)
         h, w = h.contiguous(), w.contiguous()
-        f32 = torch.float32
-        lse = torch.empty(n_tok, device=device, dtype=f32)
-        logps = torch.empty(n_tok, device=device, dtype=f32)
-        ent = torch.empty(n_tok, device=device, dtype=f32) if compute_entropy else lse
-        b = bias.contiguous() if bias is not None else lse  # a placeholder pointer
-        _forward[(triton.cdiv(n_tok, bn),)](
-            h, w, b, targets, lse, logps, ent,
-            n_tok, vocab, h.shape[1], h.stride(0), w.stride(0), scale,
+        splits = _splits(n_tok, vocab, bn, bv)
+        split_len = triton.cdiv(triton.cdiv(vocab, splits), bv) * bv
+        splits = triton.cdiv(vocab, split_len)
+        stats = torch.empty(4, splits, n_tok, device=device, dtype=torch.float32)
+        b = bias.contiguous() if bias is not None else stats  # a placeholder pointer
+        _forward[(triton.cdiv(n_tok, bn), splits)](
+            h, w, b, targets, stats,
+            n_tok, vocab, h.shape[1], h.stride(0), w.stride(0), scale, split_len,
             HAS_BIAS=bias is not None, ENTROPY=compute_entropy,
             F32_DOT=_f32_dot(h, w, interp), BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=bh,
         )  # fmt: skip
+        lse, logps, ent = _merge(stats, targets, vocab)
         entropies = ent if compute_entropy else None
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropies)
         ctx.scale, ctx.chunk_size, ctx.plan = scale, chunk_size, plan

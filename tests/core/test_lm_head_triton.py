@@ -113,7 +113,7 @@ def ref_of(inp: dict[str, Any], temperature: float) -> tuple[list[torch.Tensor],
 
 CASES = [  # (n, V, H, temperature, logit_scale, sliced): none a multiple of a block
     (37, 203, 48, 1.0, 1.0, False),
-    (70, 150, 40, 0.7, 1.0, True),  # the backward in two vocabulary slices, the last ragged
+    (70, 150, 40, 0.7, 1.0, True),  # two vocabulary slices (splits), the last ragged
     (21, 131, 72, 1.3, 2.0, True),  # a logit scale, two H blocks, a slice of 3 entries
 ]
 
@@ -127,8 +127,10 @@ def test_matches_float64_and_the_torch_backend(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     n, vocab, hid, temperature, logit_scale, sliced = case
-    if sliced:  # ∂L/∂z one vocabulary block at a time
+    if sliced:  # ∂L/∂z one vocabulary block at a time; the forward in vocabulary splits
         monkeypatch.setattr(_triton_head, "_DZ_BYTES", 1)
+    else:  # the forward in one program per token block, over the whole vocabulary
+        monkeypatch.setattr(_triton_head, "_PROGRAMS", 1)
     inp = on(make(n, hid, vocab, dtype, bias=bias, seed=n + vocab), device)
     inp["targets"][[1, n // 2]] = -100  # ignored positions: log-prob 0, no gradient
     kw = {"bias": inp["bias"], "temperature": temperature, "logit_scale": logit_scale}
