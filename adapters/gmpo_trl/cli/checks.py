@@ -1,5 +1,6 @@
 """What the user named, checked before any work is done: the model, the dataset and the reward
-functions (:func:`check_inputs`), and the config values that TRL takes as given until deep in
+functions (:func:`check_model`, :func:`check_dataset`, :func:`resolve_reward`, which the up-front
+checks of :mod:`gmpo_trl.cli.upfront` call before TRL is imported), and the config values that TRL takes as given until deep in
 the run or after it (:func:`check_counts`, :func:`check_run`): each failure is one line
 (:class:`~gmpo_trl.cli.errors.CLIError`)."""
 
@@ -14,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gmpo_tasks.catalog import get_task
 from gmpo_tasks.task import Task
 from gmpo_trl.cli.comparators import COMPARATORS
 from gmpo_trl.cli.errors import CLIError
@@ -108,24 +108,6 @@ def load_dataset(spec: str, split: str) -> Any:
     if "prompt" not in data.column_names:
         raise CLIError(f"--dataset {spec!r}: no 'prompt' column (columns: {data.column_names})")
     return data
-
-
-def check_task(name: object) -> Task:
-    """``--task``'s task (the command line's choices; a --config file's value lands here)."""
-    try:
-        return get_task(name)  # its extra too (reasoning-gym's tasks)
-    except ValueError as err:
-        raise CLIError(str(err)) from err
-
-
-def check_inputs(script: Any) -> list[Callable[..., Any]]:
-    """What the user named (model, dataset, rewards), before any work is done: each checked
-    once; returns the reward functions (none where ``--reward`` is not given)."""
-    if script.model is not None:
-        check_model(script.model)
-    if script.dataset is not None:
-        check_dataset(script.dataset)
-    return [resolve_reward(spec) for spec in script.reward]
 
 
 #: TrainingArguments / GRPOConfig counts that TRL takes as given (0 ends in a ZeroDivisionError
