@@ -11,6 +11,7 @@ import importlib.util
 from gmpo_tasks import (
     add,
     chain_sum,
+    chat_arith,
     chat_chain_sum,
     chat_spell_backward,
     countdown,
@@ -22,7 +23,7 @@ from gmpo_tasks.task import Task
 
 #: the reasoning-gym tasks (chain_sum, countdown, spell_backward) need the gym extra
 _ALL = (successor.TASK, reverse.TASK, add.TASK, chain_sum.TASK, countdown.TASK, spell_backward.TASK,
-        chat_chain_sum.TASK, chat_spell_backward.TASK)  # fmt: skip
+        chat_chain_sum.TASK, chat_spell_backward.TASK, chat_arith.TASK)  # fmt: skip
 TASKS: dict[str, Task] = {t.name: t for t in _ALL}
 #: the tasks of a built-in tiny model (the stability study's); the others train a pretrained
 #: chat model (``Task.model_name``)

@@ -17,7 +17,7 @@ CHAT = [name for name, task in TASKS.items() if task.model_name is not None]
 
 
 def test_the_chat_tasks() -> None:
-    assert CHAT == ["chat_chain_sum", "chat_spell_backward"]
+    assert CHAT == ["chat_chain_sum", "chat_spell_backward", "chat_arith"]
     assert all(TASKS[n].model_name == "smollm2-135m" and TASKS[n].lengths() is None for n in CHAT)
 
 

@@ -34,9 +34,10 @@ def test_no_training_dataset_holds_a_held_out_question(name: str) -> None:
     held = _questions(task.held_out(32))
     calibration = set().union(*(_questions(task.held_out(32, seed=f"calibration:{s}"))
                                 for s in (900, 901, 902)))  # fmt: skip
+    assert _training(name, 0, 200) == _questions(task.entries(200, seed="train:0"))
     for seed in range(12):
         for n in (1, 16, 200):
-            train = _training(name, seed, n)
+            train = _questions(task.entries(n, seed=f"train:{seed}"))  # Task.dataset's draws
             assert not train & held, (seed, n, sorted(train & held)[:3])
             assert not train & calibration, (seed, n, sorted(train & calibration)[:3])
 
