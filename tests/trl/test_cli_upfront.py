@@ -326,6 +326,33 @@ def test_gmpo_trainer_checks_its_rewards_before_loading_the_model(tmp_path):
                                   **kw: [0.0] * len(completions)])  # fmt: skip
 
 
+def test_trls_own_trainer_gets_rewards_checked_before_the_model(tmp_path):
+    """gmpo compare's other losses train with TRL's GRPOTrainer, which checks nothing: the
+    rewards are checked against the run's dataset (here the task's own) before the task's model
+    is built."""
+    from types import SimpleNamespace
+
+    from gmpo_tasks.catalog import TASKS
+    from gmpo_trl.cli import runs
+    from gmpo_trl.cli.errors import CLIError
+
+    def needs_answer(prompts, completions, answer, **kwargs):
+        return [0.0] * len(completions)
+
+    class Built:  # stands for GRPOTrainer: never reached
+        def __init__(self, **kwargs):
+            raise AssertionError("the trainer was built")
+
+    task = TASKS["successor"]
+    script = SimpleNamespace(task=task.name, reward=["m:needs_answer"], dataset=None, model=None)
+    config = SimpleNamespace(output_dir=str(tmp_path), seed=0, use_vllm=False)
+    plan = runs.Plan(script, config, task, (needs_answer,), dataset=None, variant=None)
+    with pytest.raises(CLIError, match=r"^the successor task's dataset: reward function .*"
+                       r"needs_answer needs the dataset column 'answer'"):  # fmt: skip
+        runs.build_trainer(plan, config, Built)
+    assert not (tmp_path / "init-model").exists()  # the task's model: not built
+
+
 # --------------------------------------------------------------------------------------------
 # item 10: no reasoning-gym
 # --------------------------------------------------------------------------------------------

@@ -177,6 +177,8 @@ def build_trainer(plan: Plan, config: Any, trainer_cls: type) -> Any:
     ``gmpo compare``): the plan's task's parts where the user named no model or dataset."""
     task, out = plan.task, Path(config.output_dir)
     dataset = task.dataset(config.seed) if plan.dataset is None else plan.dataset
+    if not checks_rewards(trainer_cls):  # TRL's GRPOTrainer (gmpo compare): before the model
+        check_columns(plan.rewards, dataset.column_names, script_dataset(plan))
     if plan.model is None:
         import torch
 
@@ -191,8 +193,6 @@ def build_trainer(plan: Plan, config: Any, trainer_cls: type) -> Any:
     else:
         model_arg, kwargs = plan.model, {}
     rewards = list(plan.rewards)
-    if not checks_rewards(trainer_cls):  # TRL's GRPOTrainer (gmpo compare): checked here
-        check_columns(rewards, dataset.column_names, script_dataset(plan))
     try:
         trainer = trainer_cls(
             model=model_arg,
