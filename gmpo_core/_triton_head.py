@@ -51,7 +51,7 @@ from gmpo_core._gemms import GemmPlan, operand
 __all__ = ["fused_token_logprobs"]
 
 # Below this log-probability exp() is 0 in float32: the clamp keeps p·log p at 0 where z = −inf.
-_LOG_ZERO = -1e4
+_LOG_ZERO = tl.constexpr(-1e4)  # a global a kernel reads must be a constexpr
 #: (BLOCK_N, BLOCK_V, BLOCK_H) of the kernels, natively on a GPU and in the interpreter (where
 #: each program is numpy work: fewer, larger tiles are faster)
 _BLOCKS_GPU = (64, 128, 64)
