@@ -172,7 +172,7 @@ def _backward_kernel(  # type: ignore[no-untyped-def]
     dz = tl.where(rmask[:, None] & cmask[None, :], dz * scale, 0.0)  # ∂L/∂(h Wᵀ + b)
     tl.store(
         dz_ptr + rows[:, None] * stride_dz + (cols - v_start)[None, :],
-        dz.to(dz_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :],
+        dz.to(dz_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=rmask[:, None] & cmask[None, :],
     )  # fmt: skip
     if HAS_BIAS:
         tl.store(db_ptr + pid_n * stride_dz + (cols - v_start), tl.sum(dz, 0), mask=cmask)
@@ -319,7 +319,10 @@ class _FusedTokenLogProbs(torch.autograd.Function):
         # ∂L/∂z of all tokens for one vocabulary slice at a time (each ∂L/∂W row written once)
         elt = torch.finfo(plan.backward).bits // 8
         vc = min(vocab, max(bv, _DZ_BYTES // (n_tok * elt) // bv * bv))
-        dz_buf = torch.empty(n_tok, vc, device=device, dtype=plan.backward)
+        # Triton's interpreter truncates float32 to bf16 (a GPU rounds to nearest even, as torch
+        # does): there the kernel writes float32 and torch rounds each slice
+        store = torch.float32 if interp and plan.backward == torch.bfloat16 else plan.backward
+        dz_buf = torch.empty(n_tok, vc, device=device, dtype=store)
         blocks = triton.cdiv(n_tok, bn)
         db_buf = torch.empty(blocks, vc, device=device, dtype=torch.float32)
         b = bias.contiguous() if bias is not None else lse  # a placeholder pointer
@@ -335,7 +338,7 @@ class _FusedTokenLogProbs(torch.autograd.Function):
                     ctx.scale, HAS_BIAS=grad_b is not None, HAS_GL=gl is not None,
                     HAS_GE=has_ge, F32_DOT=f32_dot, BLOCK_N=bn, BLOCK_V=bv, BLOCK_H=bh,
                 )  # fmt: skip
-                dz = dz_buf[:, : v1 - v0]  # (N, v1 - v0)
+                dz = dz_buf[:, : v1 - v0].to(plan.backward)  # (N, v1 - v0)
                 if grad_b is not None:
                     torch.sum(db_buf[:, : v1 - v0], 0, out=grad_b[v0:v1])
                 w_s = w_b[v0:v1]

@@ -16,6 +16,7 @@ tolerances (``tests/core/test_lm_head.py``'s table, which docs/lm_head.md states
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import subprocess
@@ -33,6 +34,8 @@ pytest.importorskip("triton")
 
 from gmpo_core import _triton_head
 from gmpo_core.lm_head import token_logprobs
+from tests.core.devices._gemm_recorder import GemmRecorder
+from tests.core.devices.test_lm_head_gemms import _as_cuda
 from tests.core.test_lm_head import TOL, grads_of, leaves, make, reference
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -254,6 +257,50 @@ def test_bf16_logits_are_not_rounded(device: str) -> None:
     exact = reference(*(a.cpu() for a in args))
     rounded = reference(*(a.cpu() for a in args), dtype=torch.bfloat16)
     assert rel_err(ours.logps, exact[0]) < 1e-6 < 1e-3 < rel_err(rounded[0], exact[0])
+
+
+_CUDA_SETUPS = {  # setup -> (inputs' dtype, autocast dtype): the half dtype is the latter's
+    "bf16": (torch.bfloat16, None),
+    "fp16": (torch.float16, None),
+    "fp32 under bf16 autocast": (torch.float32, torch.bfloat16),
+}
+
+
+@pytest.mark.skipif(not INTERPRETED, reason=DEVICES[0].marks[0].kwargs["reason"])
+@pytest.mark.parametrize("setup", _CUDA_SETUPS)
+def test_the_gpus_half_precision_path_on_the_cpu(monkeypatch: pytest.MonkeyPatch, setup: str):
+    """The fused head as it runs on CUDA in half precision (``gemm_plan`` driven for "cuda",
+    the float32-output GEMMs emulated by ``GemmRecorder``): half operands into the kernels,
+    ∂L/∂z written in the half dtype, and every GEMM over the vocabulary on half operands into
+    float32 results, two per vocabulary slice; values and gradients as on the CPU's path."""
+    dtype, autocast = _CUDA_SETUPS[setup]
+    half = autocast or dtype
+    _as_cuda(monkeypatch, autocast)
+    monkeypatch.setattr(_triton_head, "_DZ_BYTES", 1)  # two vocabulary slices
+    inp = make(37, 48, 203, dtype, bias=False, seed=11)
+    ctx = torch.autocast("cpu", dtype=autocast) if autocast else contextlib.nullcontext()
+    with GemmRecorder() as rec, ctx:
+        out = token_logprobs(inp["hidden"], inp["weight"], inp["targets"], temperature=0.8,
+                             backend="triton")  # fmt: skip
+        _, got = grads_of(inp, out.logps, out.entropies)
+    rounded = dict(
+        inp, hidden=inp["hidden"].detach().to(half), weight=inp["weight"].detach().to(half)
+    )
+    want, ref_lp, ref_ent = ref_of(rounded, 0.8)
+    assert out.entropies is not None
+    value_close(out.logps, ref_lp)
+    value_close(out.entropies, ref_ent)
+    # ∂L/∂z rounded to half for the GEMMs (backward_precision="half", as the torch backend on
+    # CUDA): within the dtype's gradient tolerance relative to the largest entry
+    with GemmRecorder(), ctx:
+        torch_out = token_logprobs(inp["hidden"], inp["weight"], inp["targets"], temperature=0.8)
+        _, got_torch = grads_of(inp, torch_out.logps, torch_out.entropies)
+    for g, w, t in zip(got, want, got_torch, strict=True):
+        assert rel_err(g, w) < GRAD_TOL[half][0] and rel_err(t, w) < GRAD_TOL[half][0]
+        assert rel_err(g, w) < 2 * rel_err(t, w) + 1e-6  # no worse than the torch backend's
+    over_v = [g for g in rec.gemms if g.touches(203) or g.touches(128) or g.touches(75)]
+    assert len(over_v) == 4, rec.gemms  # ∂L/∂h and ∂L/∂W, per slice of 128 and 75 entries
+    assert all(g.operands == (half, half) and g.out == torch.float32 for g in over_v), over_v
 
 
 # ---------------------------------------------------------------------------------------------
