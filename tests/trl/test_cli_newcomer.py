@@ -1,4 +1,4 @@
-"""What a newcomer reads and waits on (issue 49, items 3 and 15): ``--help``'s defaults are the
+"""What a newcomer reads and waits on (CHANGELOG, Unreleased): ``--help``'s defaults are the
 values a run gets, the held-out evaluations say that they run, and ``make train-real`` takes
 more options."""
 

@@ -1,7 +1,7 @@
-"""The up-front checks of ``gmpo train`` / ``gmpo compare`` (issue 49, items 6, 7, 8, 10, 16): a
-typo, a path, a sampling setting, a reward or a dataset column that cannot be gets one line and
-exit status 2 before TRL, transformers or any model is imported or loaded; the table of options
-that makes this possible without TRL is TRL's parser's."""
+"""The up-front checks of ``gmpo train`` / ``gmpo compare`` (CHANGELOG, Unreleased): a typo, a
+path, a sampling setting, a reward or a dataset column that cannot be gets one line and exit
+status 2 before TRL, transformers or any model is imported or loaded; the table of options that
+makes this possible without TRL is TRL's parser's."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def _model_dir(tmp_path: Path) -> Path:
 
 
 # --------------------------------------------------------------------------------------------
-# item 16: parse and check first, then import
+# a typo: parse and check first, then import
 # --------------------------------------------------------------------------------------------
 
 
@@ -103,22 +103,22 @@ def test_a_typo_is_refused_in_well_under_a_second():
 def test_the_table_of_options_is_trls_parser():
     """The table the up-front parse reads (gmpo_trl.cli.option_table) is what TRL's parser of
     the installed versions holds, and those are the versions constraints.txt pins (regenerate:
-    python -m gmpo_trl.cli.options)."""
-    from gmpo_trl.cli import options
+    python -m gmpo_trl.cli.trl_options)."""
+    from gmpo_trl.cli import trl_options
     from gmpo_trl.cli.option_table import VERSIONS
 
     pins = dict(re.findall(r"^(trl|transformers)==(\S+)$", (ROOT / "constraints.txt").read_text(),
                            re.M))  # fmt: skip
     assert pins == VERSIONS
-    assert options.installed_versions() == VERSIONS
+    assert trl_options.installed_versions() == VERSIONS
     path = ROOT / "adapters" / "gmpo_trl" / "cli" / "option_table.py"
-    assert path.read_text() == options.table_text()
+    assert path.read_text() == trl_options.table_text()
 
 
 def test_the_upfront_parse_gives_trls_values(tmp_path):
     """The two parses of one command line agree: what the table's parser gives each option is
     what TRL's gives it (a value of each kind, a YAML value, an abbreviation, a --no_ flag)."""
-    from gmpo_trl.cli import options
+    from gmpo_trl.cli import trl_options
     from gmpo_trl.cli.errors import CLIError
     from gmpo_trl.cli.parsing import _UNSET, _values, trl_parser
 
@@ -132,16 +132,16 @@ def test_the_upfront_parse_gives_trls_values(tmp_path):
         for action in trl._actions:
             action.default = _UNSET
         want = _values(trl, list(argv), dict(from_file), path)
-        got = _values(options.parser(command, _UNSET), list(argv), dict(from_file), path)
+        got = _values(trl_options.parser(command, _UNSET), list(argv), dict(from_file), path)
         assert {k: str(v) for k, v in got.items()} == {k: str(v) for k, v in want.items()}
         assert got["max_steps"] == 5 and got["learning_rate"] == 3e-4 and got["bf16"] is True
         assert got["shuffle_dataset"] is False and got["reward"] == ["a:b", "c:d"]
     with pytest.raises(CLIError, match="argument --bf16: expected one argument"):  # as TRL's
-        _values(options.parser("train", _UNSET), ["--bf16"], {}, None)
+        _values(trl_options.parser("train", _UNSET), ["--bf16"], {}, None)
 
 
 # --------------------------------------------------------------------------------------------
-# item 6: sampling settings
+# sampling settings
 # --------------------------------------------------------------------------------------------
 
 
@@ -190,7 +190,7 @@ def test_invalid_sampling_in_the_config_file(tmp_path, capsys):
 
 
 # --------------------------------------------------------------------------------------------
-# items 7 and 8: a reward's signature and the columns it needs
+# a reward's signature and the columns it needs
 # --------------------------------------------------------------------------------------------
 
 _REWARDS = """
@@ -354,7 +354,7 @@ def test_trls_own_trainer_gets_rewards_checked_before_the_model(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# item 10: no reasoning-gym
+# no reasoning-gym
 # --------------------------------------------------------------------------------------------
 
 

@@ -28,7 +28,7 @@ from gmpo_trl.cli.errors import CLIError, Interrupted
 # The package: ``commands`` (the command list), ``base`` (what a command is: an object with its
 # arguments and its ``run(parsed)``), one module per command (``train``, ``compare``),
 # ``arguments`` (each command's own arguments), ``defaults`` (the defaults of a run; no TRL
-# import), ``help`` (``--help`` from those tables), ``options`` (TRL's options, read without
+# import), ``help`` (``--help`` from those tables), ``trl_options`` (TRL's options, read without
 # TRL: ``option_table``), ``upfront`` (the checks before TRL is imported), ``parsing`` (argv
 # and --config to a ``runs.Parsed``, once), ``runs`` (a run's plan, built and checked once, its
 # trainer and its outputs), ``checks`` (model, dataset, rewards, counts, output directory: before any work),

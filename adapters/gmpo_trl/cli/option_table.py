@@ -1,5 +1,5 @@
 """The options of TRL's parser for ``gmpo train`` and ``gmpo compare``: written by
-``python -m gmpo_trl.cli.options`` (:mod:`gmpo_trl.cli.options`); do not edit."""
+``python -m gmpo_trl.cli.trl_options`` (:mod:`gmpo_trl.cli.trl_options`); do not edit."""
 
 # fmt: off
 from typing import Any

@@ -8,7 +8,7 @@ the same values (:meth:`~gmpo_trl.cli.runs.Parsed.config`), and the names of the
 known: every option's default is :data:`_UNSET` while parsing.
 
 The command line is parsed twice, from the same code: first against the table of options
-(:mod:`gmpo_trl.cli.options`), which imports no TRL, for the up-front checks
+(:mod:`gmpo_trl.cli.trl_options`), which imports no TRL, for the up-front checks
 (:mod:`gmpo_trl.cli.upfront`: a typo, a path, a reward, a sampling setting: one line in well
 under a second); then by TRL's own parser, which has the last word on every value.
 """
@@ -20,7 +20,7 @@ import dataclasses
 import os
 from typing import Any, NoReturn
 
-from gmpo_trl.cli import options
+from gmpo_trl.cli import trl_options
 from gmpo_trl.cli.commands import COMMANDS
 from gmpo_trl.cli.defaults import default_task, run_defaults, settings
 from gmpo_trl.cli.errors import CLIError
@@ -182,9 +182,9 @@ def check_early(command: str, argv: list[str], from_file: dict[str, Any], path: 
     is imported; whether they ran. Where the installed TRL or transformers is not the table's,
     an option the table does not know is left to TRL's parser, and a command line the table
     cannot parse is checked once TRL's parser has read it (:func:`parse`)."""
-    strict = options.table_is_current()
+    strict = trl_options.table_is_current()
     try:
-        values = _values(options.parser(command, _UNSET), argv, dict(from_file), path,
+        values = _values(trl_options.parser(command, _UNSET), argv, dict(from_file), path,
                          strict=strict)  # fmt: skip
     except CLIError:
         if strict:

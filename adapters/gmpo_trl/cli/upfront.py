@@ -1,5 +1,5 @@
 """The up-front checks of a ``gmpo`` command line: after it is parsed against the table of
-options (:mod:`gmpo_trl.cli.options`, no TRL import) and before TRL, transformers or a model is
+options (:mod:`gmpo_trl.cli.trl_options`, no TRL import) and before TRL, transformers or a model is
 imported or loaded, each one line and exit status 2 (README: "A path, dataset or reward that is
 not there gets one line ... before anything is loaded").
 

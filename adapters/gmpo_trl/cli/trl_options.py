@@ -6,7 +6,7 @@ CPU that importing TRL's ``GRPOConfig`` (transformers' ``TrainingArguments``) co
 The options are TRL's parser's (``TrlParser`` of the command's arguments and ``GMPOConfig``),
 written down in :mod:`gmpo_trl.cli.option_table` with the TRL and transformers versions they
 were read from. ``tests/trl/test_cli_upfront.py`` fails when the installed versions' parser
-differs from the table; ``python -m gmpo_trl.cli.options`` writes it again. Where the installed
+differs from the table; ``python -m gmpo_trl.cli.trl_options`` writes it again. Where the installed
 versions are not the table's (a user's other TRL release), an option the table does not know is
 left to TRL's parser, which still has the last word on every value.
 """
@@ -119,14 +119,21 @@ def read_actions(trl_parser: Any) -> list[tuple[tuple[str, ...], str, Any, str, 
 
 
 def table_text() -> str:
-    """The text of :mod:`gmpo_trl.cli.option_table`, read from the installed TRL (imports it)."""
-    from gmpo_trl.cli.parsing import trl_parser
+    """The text of :mod:`gmpo_trl.cli.option_table`, read from the installed TRL (imports it):
+    the actions of the parser :func:`gmpo_trl.cli.parsing.trl_parser` builds."""
+    from trl import TrlParser
 
-    train = read_actions(trl_parser("train"))
-    own = {"compare": [r for r in read_actions(trl_parser("compare")) if r not in train]}
+    from gmpo_trl import GMPOConfig
+    from gmpo_trl.cli.commands import COMMANDS
+
+    def actions(command: str) -> list[tuple[tuple[str, ...], str, Any, str, Any]]:
+        return read_actions(TrlParser((COMMANDS[command].arguments, GMPOConfig)))
+
+    train = actions("train")
+    own = {"compare": [r for r in actions("compare") if r not in train]}
     lines = [
         '"""The options of TRL\'s parser for ``gmpo train`` and ``gmpo compare``: written by',
-        '``python -m gmpo_trl.cli.options`` (:mod:`gmpo_trl.cli.options`); do not edit."""',
+        '``python -m gmpo_trl.cli.trl_options`` (:mod:`gmpo_trl.cli.trl_options`); do not edit."""',
         "",
         "# fmt: off",
         "from typing import Any",
