@@ -306,6 +306,7 @@ def test_a_model_named_in_the_config_file_is_not_the_toy_run(tmp_path):
     """--model in the YAML file counts as --model: the toy run's settings (learning rate 5e-3,
     150 steps...) do not apply (before the single parse only the command line's --model did);
     the first chat task's do, as with --model on the command line."""
+    pytest.importorskip("reasoning_gym")  # --model alone: the chat task, a gym task
     from gmpo_tasks.catalog import TASKS
     from gmpo_trl.cli.parsing import parse
 
