@@ -140,6 +140,26 @@ def test_the_upfront_parse_gives_trls_values(tmp_path):
         _values(trl_options.parser("train", _UNSET), ["--bf16"], {}, None)
 
 
+def test_another_trl_release_leaves_the_table_s_unknowns_to_trls_parser(tmp_path, monkeypatch):
+    """Where the installed TRL is not the table's, an option the table lacks (here --max_steps,
+    taken out of it) is TRL's parser's to judge: accepted, with its value; where it is the
+    table's, the same option is refused as unknown."""
+    from gmpo_trl.cli import option_table, trl_options
+    from gmpo_trl.cli.errors import CLIError
+    from gmpo_trl.cli.parsing import parse
+
+    rows = tuple(r for r in option_table.ACTIONS if r[1] != "max_steps")
+    monkeypatch.setattr(option_table, "ACTIONS", rows)
+    argv = ["--max_steps", "3", "--output_dir", str(tmp_path / "o")]
+    with pytest.raises(CLIError, match="unrecognized arguments: --max_steps 3"):
+        parse("train", argv)
+    other = {name: "0.0" for name in trl_options.PACKAGES}
+    monkeypatch.setattr(trl_options, "installed_versions", lambda: other)
+    assert parse("train", argv).values["max_steps"] == 3
+    with pytest.raises(CLIError, match="unrecognized arguments: --bogus"):  # TRL's parser's
+        parse("train", [*argv, "--bogus"])
+
+
 # --------------------------------------------------------------------------------------------
 # sampling settings
 # --------------------------------------------------------------------------------------------
