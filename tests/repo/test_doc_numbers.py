@@ -112,7 +112,7 @@ def test_a_figure_must_be_redrawn_by_make_figures(tmp_path, monkeypatch) -> None
 
 def test_the_regime_studys_counts_are_checked_against_its_analysis() -> None:
     """The pages that count the regime study's verdicts in words are tested against
-    results/updates/updates.json (a count of 28 *same* passed the number check, issue #50)."""
+    results/updates/updates.json (a count of 28 *same* passed the number check)."""
     counted = {n for n, p in doc_numbers.PAGES.items() if p.verdicts}
     assert {"README.md", "docs/regime.md", "docs/which_loss.md"} <= counted
 
@@ -129,7 +129,7 @@ def test_a_wrong_count_of_verdicts_is_reported(tmp_path, monkeypatch) -> None:
     assert _check(right, "4 3\n", tmp_path, monkeypatch, **kw) == []
     assert _check("3 of 4 primary rows *same*, 1 *inconclusive*\n", "", tmp_path, monkeypatch,
                   **kw) == []  # fmt: skip
-    # the wording of the README and docs/which_loss.md before issue #50, and a wrong total
+    # the wording of the README and docs/which_loss.md before the 2026-12-06 erratum, and a wrong total
     wrong = "4 of its 5 comparisons are the same within\n±0.05 and none inconclusive\n"
     assert _check(wrong, "4 5 0.05\n", tmp_path, monkeypatch, **kw) == [
         "page.md:1: 4 same rows, but a.json's primary family has 3",

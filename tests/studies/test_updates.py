@@ -366,7 +366,7 @@ def test_the_analysis_counts_the_verdicts_the_ceiling_and_the_pilots_spread(
     tmp_path: Path, few_resamples: None
 ) -> None:
     """The counts the pages write in words (docs/regime.md, README.md, docs/which_loss.md) and
-    the ceiling and exploratory spread docs/regime.md quotes come from the analysis (issue #50)."""
+    the ceiling and exploratory spread docs/regime.md quotes come from the analysis."""
     # as in the first analysis test: grpo the same at 1 update and 0.2 below after (2 same, 6
     # helps), dapo_trl 0.1 below (8 helps), gspo within noise (8 same), cispo_trl 0.1 above
     # (8 hurts)
