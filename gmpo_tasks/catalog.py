@@ -46,5 +46,5 @@ def check_available(task: Task) -> None:
         return
     raise ValueError(
         f"the {task.name} task needs {task.requires.replace('_', '-')}, which is not "
-        f"installed: pip install 'gmpo[{task.extra or task.requires}]'"
+        f"installed: pip install -e '.[{task.extra or task.requires}]' in the gmpo clone"
     )

@@ -1,4 +1,4 @@
-"""Tasks over reasoning-gym's seeded datasets (``pip install 'gmpo[gym]'``: reasoning-gym 0.1.25).
+"""Tasks over reasoning-gym's seeded datasets (``pip install -e '.[gym]'`` in the clone: reasoning-gym 0.1.25).
 
 A subclass of :class:`GymTask` names one of the gym's datasets (its ``name`` is the gym's), the
 dataset's configuration at the task's ``length``, and how an entry (the gym's ``question``,

@@ -8,7 +8,7 @@ import, so a new variant is one new file here:
 - :mod:`gmpo_variants.ablations`: the paper's ablations, ``gmpo_noclip`` and ``gmpo_seqclip``;
 - :mod:`gmpo_variants.grpo`: ``grpo`` and ``grpo_wide``, TRL's ``loss_type="grpo"``;
 - :mod:`gmpo_variants.hosts`: ``dapo``, ``gspo``, ``cispo`` and ``sapo``, verl's own losses
-  (they need verl: ``pip install 'gmpo[verl]'``);
+  (they need verl: ``pip install -e '.[verl]'`` in the clone);
 - :mod:`gmpo_variants.trl_defaults`: ``dapo_trl`` and ``cispo_trl``, TRL's ``loss_type="dapo"``
   at its defaults and ``"cispo"`` at its documented cap (docs/regime_plan.md);
 - :mod:`gmpo_variants.recipes`: the helpers docs/recipes.md starts from.

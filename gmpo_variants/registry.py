@@ -231,7 +231,7 @@ def available(variant: Variant) -> Variant:
     if variant.requires is not None and importlib.util.find_spec(variant.requires) is None:
         raise ValueError(
             f"variant {variant.name!r} calls {variant.requires}'s own code, and {variant.requires} "
-            f"is not installed: pip install 'gmpo[{variant.requires}]'"
+            f"is not installed: pip install -e '.[{variant.requires}]' in the gmpo clone"
         )
     return variant
 

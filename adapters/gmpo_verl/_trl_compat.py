@@ -1,4 +1,4 @@
-"""verl 0.9 and trl >= 1.x in one environment (``pip install gmpo[trl,verl]``).
+"""verl 0.9 and trl >= 1.x in one environment (``pip install -e '.[trl,verl]'``).
 
 verl's model patching (``verl.models.transformers.monkey_patch.apply_monkey_patch``, run when its
 engine builds a model) asks ``verl.utils.import_utils.is_trl_available()`` and, when it says yes,

@@ -72,4 +72,4 @@ def test_calibrate_refuses_a_gym_task_without_reasoning_gym(monkeypatch, capsys)
     with pytest.raises(SystemExit) as exc:
         calibrate.main(["--task", "countdown", "--out", "unused"])
     err = capsys.readouterr().err
-    assert exc.value.code == 2 and err.count("\n") == 1 and "pip install 'gmpo[gym]'" in err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "pip install -e '.[gym]'" in err

@@ -35,7 +35,7 @@ def test_refused_in_one_line_without_reasoning_gym(monkeypatch, capsys) -> None:
 
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # `import reasoning_gym` fails
     for name in GYM:
-        with pytest.raises(ValueError, match=r"pip install 'gmpo\[gym\]'"):
+        with pytest.raises(ValueError, match=r"pip install -e '\.\[gym\]'"):
             check_available(TASKS[name])
     check_available(TASKS["reverse"])  # a task that needs no extra
     monkeypatch.setattr(stability, "sweep", lambda *a: pytest.fail("reached the sweep"))
@@ -44,5 +44,5 @@ def test_refused_in_one_line_without_reasoning_gym(monkeypatch, capsys) -> None:
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.count("\n") == 1, err
     assert err.startswith("python -m studies.stability: error: --task countdown: ") and (
-        "reasoning-gym" in err and "pip install 'gmpo[gym]'" in err
+        "reasoning-gym" in err and "pip install -e '.[gym]'" in err
     ), err

@@ -344,8 +344,8 @@ def test_own_model_dataset_and_reward_need_no_reasoning_gym(tmp_path, monkeypatc
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
         "gmpo train: error: the chat_chain_sum task needs reasoning-gym, which is not installed: "
-        "pip install 'gmpo[gym]' (--model without --task or --dataset trains the chat_chain_sum "
-        "task; give --task or --dataset and --reward for another)"
+        "pip install -e '.[gym]' in the gmpo clone (--model without --task or --dataset trains "
+        "the chat_chain_sum task; give --task or --dataset and --reward for another)"
     ]
 
 

@@ -63,5 +63,5 @@ def test_refused_in_one_line_without_reasoning_gym(tmp_path, capsys, monkeypatch
     assert main([command, "--task", "countdown", "--output_dir", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"gmpo {command}: error: "), err
-    assert "countdown" in err[0] and "pip install 'gmpo[gym]'" in err[0], err
+    assert "countdown" in err[0] and "pip install -e '.[gym]'" in err[0], err
     assert not out.exists()

@@ -78,7 +78,7 @@ def test_refused_without_verl(monkeypatch: pytest.MonkeyPatch, name: str) -> Non
     assert "\n" not in message
     assert message == (
         f"variant {name!r} calls verl's own code, and verl is not installed: "
-        "pip install 'gmpo[verl]'"
+        "pip install -e '.[verl]' in the gmpo clone"
     )
 
 
@@ -101,7 +101,7 @@ def test_imports_without_verl() -> None:
     lines = run.stdout.splitlines()
     assert lines[0].split() == list(NAMES)
     assert [line.split("'")[1] for line in lines[1:]] == list(NAMES)
-    assert all(line.endswith("pip install 'gmpo[verl]'") for line in lines[1:])
+    assert all(line.endswith("pip install -e '.[verl]' in the gmpo clone") for line in lines[1:])
 
 
 # ---- with verl: verl's own functions and defaults ----

@@ -179,7 +179,7 @@ def test_a_variant_that_needs_a_missing_extra_is_one_line(monkeypatch) -> None:
         resolve("needs_x")
     assert str(err.value) == (
         "variant 'needs_x' calls no_such_package_xyz's own code, and no_such_package_xyz is not "
-        "installed: pip install 'gmpo[no_such_package_xyz]'"
+        "installed: pip install -e '.[no_such_package_xyz]' in the gmpo clone"
     )
 
 
