@@ -121,7 +121,7 @@ def report(task: str, runs: list[dict[str, Any]], about: dict[str, Any], command
         f"peak RSS {max(r['peak_rss_mb'] for r in runs):.0f} MB.",
         "",
         f"Held-out: {runs[0]['held_out_completions']} completions ({runs[0]['held_out_completions'] // 4} "
-        "prompts of a seed no run trains on, 4 samples each, at the run's temperature and "
+        "held-out prompts, questions no training draw holds, 4 samples each, at the run's temperature and "
         "completion length), scored by the task's reward; right: the share whose reward is 1. "
         "Training reward: the mean reward of each logged step's batch. Wall clock: the whole "
         "command, model loading and both held-out evaluations included.",
