@@ -59,7 +59,8 @@ def test_format_reward_is_a_chat_tasks(tmp_path: Path, capsys) -> None:
     assert main(["train", "--format_reward", "true", "--output_dir", str(tmp_path)]) == 2
     assert (
         "--format_reward is a chat task's answer format, on its own prompts: give --task "
-        "chat_chain_sum or chat_spell_backward without --dataset" in capsys.readouterr().err
+        "chat_chain_sum or chat_spell_backward or chat_arith without --dataset"
+        in capsys.readouterr().err
     )
 
 
@@ -69,10 +70,14 @@ def test_the_real_model_trains_and_is_scored_before_and_after(tmp_path: Path, ca
     out = tmp_path / "run"
     argv = ["train", "--task", "chat_chain_sum", "--output_dir", str(out), "--max_steps", "2",
             "--per_device_train_batch_size", "4", "--num_generations", "2",
-            "--max_completion_length", "6", "--held_out", "1", "--format_reward", "true"]  # fmt: skip
+            "--max_completion_length", "6", "--held_out", "1", "--format_reward", "true",
+            "--seed", "1"]  # fmt: skip
     assert main(argv) == 0, capsys.readouterr().err
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
+    # the seed's first generation has rewards that differ (at seed 0, since the held-out split
+    # became disjoint, both of its groups score 0 alike: no advantage, no update to see)
+    assert rows[0]["reward_std"] > 0
     assert rows[0]["log_ratio/max"] == rows[0]["log_ratio/min"] == 0.0  # on-policy
     assert rows[1]["log_ratio/max"] > rows[1]["log_ratio/min"]  # the second pass: off-policy
     assert {"rewards/reward/mean", "rewards/format_reward/mean"} <= set(rows[0])
