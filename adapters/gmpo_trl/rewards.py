@@ -98,19 +98,6 @@ def check_reward(
         )
 
 
-def needed_columns(fn: Callable[..., Any]) -> list[str]:
-    """The dataset columns ``fn`` needs: its parameters without a default that TRL's own
-    keywords do not fill (none for a model or an unreadable signature)."""
-    if is_model(fn):
-        return []
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return []
-    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-            and p.default is p.empty and p.name not in TRL_KEYWORDS]  # fmt: skip
-
-
 def check_rewards(reward_funcs: Any, train_dataset: Any = None, **kwargs: Any) -> None:
     """:func:`check_reward` of each of ``reward_funcs`` (one, or a list, as GRPOTrainer takes
     them) against ``train_dataset``'s columns (where it has them: an iterable dataset may not);
